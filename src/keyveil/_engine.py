@@ -1,0 +1,326 @@
+"""The sealer: every form of every value becomes its reference, in one pass.
+
+A ``Sealer`` is compiled once from the vault (current and previous values)
+into a single Aho-Corasick automaton over all forms (SPEC §3), so the cost of
+sealing a buffer is one scan whatever the number of values; work beyond the
+scan happens only where a form was found. ``seal`` works on a whole buffer
+(requests); ``StreamSealer`` works on chunks (responses, large bodies) and
+holds back at most one form's length so a value split across chunks is still
+caught. This module never logs, raises or returns a value: only names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import ahocorasick_rs
+
+from ._forms import B64_RUN_CHARS, Form, Kind, b64decode, b64encode, forms_of, percent_reference
+from ._references import format_reference
+
+# A base64 form is checked with the group before it and the group after it.
+_GROUP = 4
+_MAX_NESTING = 2  # base64 inside base64 inside the body; deeper is not decoded
+_B64_TAIL = re.compile(rb"[A-Za-z0-9+/_-]*(={0,2})")
+
+#: Callable returning byte spans of a buffer that must not be changed
+Protect = Callable[[bytes], Sequence[tuple[int, int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    name: str
+    form: Form
+    value: bytes
+    replacement: bytes  # for non-base64 forms
+
+
+@dataclass(slots=True)
+class SealResult:
+    """The sealed buffer and how many times each name was sealed in it."""
+
+    data: bytes
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.counts)
+
+
+class Sealer:
+    """Seals every form of every registered value into its reference.
+
+    ``values`` maps a secret name to its values: the current one first, then
+    previous ones still retained after a rotation. All are sealed the same way.
+    """
+
+    def __init__(self, values: Mapping[str, Sequence[bytes]]) -> None:
+        patterns: dict[bytes, _Entry] = {}
+        # Current values claim their patterns before previous ones, and names
+        # are taken in sorted order, so a pattern shared by two entries always
+        # seals to the same reference.
+        for generation in (0, 1):
+            for name in sorted(values):
+                vals = values[name]
+                chosen = vals[:1] if generation == 0 else vals[1:]
+                ref = format_reference(name).encode("ascii")
+                for value in chosen:
+                    for form in forms_of(value):
+                        if form.pattern in patterns:
+                            continue
+                        if form.kind is Kind.PERCENT:
+                            replacement = percent_reference(ref, form.upper_hex)
+                        else:
+                            replacement = ref
+                        patterns[form.pattern] = _Entry(name, form, value, replacement)
+        self._entries = list(patterns.values())
+        self.names = frozenset(values)
+        self._automaton = (
+            ahocorasick_rs.BytesAhoCorasick(
+                list(patterns), matchkind=ahocorasick_rs.MatchKind.LeftmostLongest
+            )
+            if patterns
+            else None
+        )
+        # How much of a stream may have to wait for its next chunk, and which
+        # bytes can take part in a form at all (a chunk ending in any other
+        # byte can be released whole: SSE events are not delayed).
+        self.max_region = max(
+            (
+                len(e.form.pattern) + (2 * _GROUP if e.form.kind is Kind.B64 else 0)
+                for e in self._entries
+            ),
+            default=0,
+        )
+        alphabet = set()
+        for pattern in patterns:
+            alphabet.update(pattern)
+        if any(e.form.kind is Kind.B64 for e in self._entries):  # the whole run may matter
+            alphabet.update(B64_RUN_CHARS + b"=")
+        self._alphabet = bytes(sorted(alphabet))
+        self.has_base64 = any(e.form.kind is Kind.B64 for e in self._entries)
+
+    def __repr__(self) -> str:
+        return f"<Sealer names={len(self.names)} forms={len(self._entries)}>"
+
+    @property
+    def form_count(self) -> int:
+        return len(self._entries)
+
+    def find(self, data: bytes) -> list[tuple[int, int, int]]:
+        """(entry, start, end) of every form in DATA, leftmost-longest, not overlapping."""
+        if self._automaton is None:
+            return []
+        return self._automaton.find_matches_as_indexes(data)
+
+    def seal(self, data: bytes, protect: Protect | None = None, _depth: int = 0) -> SealResult:
+        """Seal a whole buffer. DATA comes back as the same object when nothing is found.
+
+        A base64 form is sealed by decoding its run from the value's group to
+        the end of the run, sealing that, and encoding it again with the same
+        alphabet and padding (Basic credentials stay valid Basic credentials).
+        """
+        result = SealResult(data)
+        # A replacement can expose a form another one was hiding (two values
+        # in one base64 run): scan again until nothing is left, a few times.
+        for _ in range(3):
+            matches = self.find(result.data)
+            if not matches:
+                return result
+            spans = protect(result.data) if protect else ()
+            new = self._replace(result.data, matches, spans, result.counts, _depth)
+            if new is result.data:
+                return result
+            result.data = new
+        return result
+
+    def _replace(
+        self,
+        data: bytes,
+        matches: Iterable[tuple[int, int, int]],
+        protected: Sequence[tuple[int, int]],
+        counts: Counter[str],
+        depth: int,
+    ) -> bytes:
+        out: list[bytes] = []
+        pos = 0
+        for index, start, end in matches:
+            if start < pos or _inside(protected, start, end):
+                continue
+            entry = self._entries[index]
+            if entry.form.kind is not Kind.B64:
+                out += (data[pos:start], entry.replacement)
+                pos = end
+                counts[entry.name] += 1
+                continue
+            if depth >= _MAX_NESTING:
+                continue
+            region = self._reseal_run(data, start, end, entry, pos, depth, counts)
+            if region is not None:
+                region_start, region_end, encoded = region
+                out += (data[pos:region_start], encoded)
+                pos = region_end
+        if not out:
+            return data
+        out.append(data[pos:])
+        return b"".join(out)
+
+    def _reseal_run(
+        self, data: bytes, start: int, end: int, entry: _Entry, floor: int, depth: int, counts: Counter[str]
+    ) -> tuple[int, int, bytes] | None:
+        form = entry.form
+        group_start = start - (_GROUP if form.offset else 0)
+        if group_start < floor or not _is_b64(data[group_start:start]):
+            return None
+        tail = _B64_TAIL.match(data, end)
+        padding = tail.group(1)
+        body = data[group_start : tail.end() - len(padding)]
+        if len(body) % _GROUP == 1:  # a lone last char is not base64: leave it and what follows
+            body, padding = body[:-1], b""
+        try:
+            decoded = b64decode(body + b"=" * (-len(body) % _GROUP))
+        except ValueError:
+            return None
+        if decoded[form.offset : form.offset + len(entry.value)] != entry.value:
+            return None
+        inner = self.seal(decoded, _depth=depth + 1)
+        if not inner.changed:
+            return None
+        counts.update(inner.counts)
+        encoded = b64encode(inner.data, _alphabet_is_urlsafe(body, form.urlsafe))
+        # Keep the padding style: an unpadded run stays unpadded. A run that
+        # ended on a group boundary without '=' gives no hint; pad it then.
+        if not padding and len(body) % _GROUP:
+            encoded = encoded.rstrip(b"=")
+        return group_start, group_start + len(body) + len(padding), encoded
+
+    def stream(self) -> StreamSealer:
+        return StreamSealer(self)
+
+    def scrub(self, data: bytes) -> SealResult:
+        """Seal DATA exactly as a stream would (one chunk, then the end)."""
+        stream = self.stream()
+        out = stream.feed(data) + stream.feed(b"", final=True)
+        return SealResult(data if not stream.counts else out, stream.counts)
+
+    def holdback(self, data: bytes) -> int:
+        """How many trailing bytes of DATA might begin a form that is not complete yet."""
+        if self.max_region == 0:
+            return 0
+        tail = data[-(self.max_region - 1) :] if self.max_region > 1 else b""
+        # Only the bytes after the last byte that appears in no form can be
+        # the beginning of a form.
+        return len(tail) - len(tail.rstrip(self._alphabet))
+
+
+def _inside(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
+    return any(s <= start and end <= e for s, e in spans)
+
+
+def _alphabet_is_urlsafe(run: bytes, default: bool) -> bool:
+    if b"-" in run or b"_" in run:
+        return True
+    if b"+" in run or b"/" in run:
+        return False
+    return default
+
+
+class StreamSealer:
+    """Seals a byte stream chunk by chunk; any chunking gives the same output.
+
+    Releases every byte that cannot be the start of a form not yet complete,
+    holding back at most ``max_region - 1`` bytes (less when the chunk ends in
+    a byte no form contains, e.g. the blank line ending an SSE event).
+    A base64 form in a stream is sealed within its own groups: the bytes
+    after the reference are padded with spaces to keep the rest of the run
+    aligned, since the bytes after the run may not have arrived yet.
+    """
+
+    def __init__(self, sealer: Sealer) -> None:
+        self._sealer = sealer
+        self._pending = b""
+        self.counts: Counter[str] = Counter()
+
+    def feed(self, chunk: bytes, final: bool = False) -> bytes:
+        sealer = self._sealer
+        data = self._pending + chunk if self._pending else chunk
+        if final:
+            cut = len(data)
+            keep_from = cut
+        else:
+            hold = sealer.holdback(data)
+            cut = len(data) - hold
+            keep_from = cut
+            if sealer.has_base64 and hold == sealer.max_region - 1:
+                # A base64 form found next time needs the group before it. When
+                # the held bytes follow a byte no form contains, that group
+                # cannot be base64 anyway and nothing more is kept.
+                keep_from = max(0, cut - _GROUP)
+        out: list[bytes] = []
+        pos = 0
+        emit_to = keep_from
+        for index, start, end in sealer.find(data):
+            if start >= cut:
+                break
+            entry = sealer._entries[index]
+            emit_to = max(emit_to, end)
+            if start < pos:
+                continue
+            if entry.form.kind is not Kind.B64:
+                out += (data[pos:start], entry.replacement)
+                pos = end
+                self.counts[entry.name] += 1
+                continue
+            region = _seal_groups(data, start, end, entry, pos)
+            if region is not None:
+                region_start, region_end, encoded = region
+                out += (data[pos:region_start], encoded)
+                pos = region_end
+                self.counts[entry.name] += 1
+        emit_to = max(emit_to, pos)
+        out.append(data[pos:emit_to])
+        self._pending = data[emit_to:]
+        return b"".join(out)
+
+
+def _seal_groups(
+    data: bytes, start: int, end: int, entry: _Entry, floor: int
+) -> tuple[int, int, bytes] | None:
+    """Seal a base64 form in place, touching only the groups that hold the value."""
+    form = entry.form
+    group_start = start - (_GROUP if form.offset else 0)
+    if group_start < floor or not _is_b64(data[group_start:start]):
+        return None
+    region_end = end
+    last = padding = b""
+    if form.trailing:
+        chars = _B64_TAIL.match(data, end, min(len(data), end + _GROUP)).group(0)
+        body = chars.rstrip(b"=")
+        if len(body) < _GROUP - form.trailing:  # the value's last bytes are not all there
+            return None
+        padding = chars[len(body) :]
+        region_end = end + len(chars)
+        last = body + b"=" * (_GROUP - len(body))
+    try:
+        decoded = b64decode(data[group_start:end] + last)
+    except ValueError:
+        return None
+    value_end = form.offset + len(entry.value)
+    if decoded[form.offset : value_end] != entry.value:
+        return None
+    sealed = decoded[: form.offset] + format_reference(entry.name).encode("ascii")
+    after = decoded[value_end:]
+    # Same length modulo 3 as before, so the groups after the region and the
+    # padding keep their meaning.
+    sealed += b" " * ((len(decoded) - len(sealed) - len(after)) % 3) + after
+    encoded = b64encode(sealed, _alphabet_is_urlsafe(data[group_start:region_end], form.urlsafe))
+    if not padding:
+        encoded = encoded.rstrip(b"=")
+    return group_start, region_end, encoded
+
+
+def _is_b64(data: bytes) -> bool:
+    return not data.translate(None, B64_RUN_CHARS)

@@ -1,0 +1,116 @@
+"""The injector: references become values, only where the caller says.
+
+The pipeline decides which names are bound to which location of a request;
+this module only rewrites one location at a time and encodes the value for
+its place (SPEC §4): raw in a header (never with CR, LF or NUL), percent-
+encoded in a URL or form, JSON-escaped in a JSON string, standard padded
+base64 when Basic credentials are re-encoded. It never decides policy and
+never puts a value in an error message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import Counter
+from collections.abc import Callable, Container, Iterator, Mapping
+from urllib.parse import quote, quote_plus
+
+from ._references import find_references, find_url_references
+
+Encoder = Callable[[bytes], bytes]
+
+
+class InjectError(Exception):
+    """A value cannot be written in the place its reference stands. Holds names only."""
+
+    def __init__(self, name: str, place: str, why: str) -> None:
+        super().__init__(f"cannot inject {name} into {place}: {why}")
+        self.name = name
+        self.place = place
+
+
+def for_header(value: bytes) -> bytes:
+    if any(c in value for c in b"\r\n\0"):
+        raise ValueError("the value holds CR, LF or NUL, which a header cannot carry")
+    return value
+
+
+def for_url(value: bytes) -> bytes:
+    return quote(value, safe="").encode("ascii")
+
+
+def for_form(value: bytes) -> bytes:
+    return quote_plus(value, safe="").encode("ascii")
+
+
+def for_json(value: bytes) -> bytes:
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the value is not UTF-8 text, which a JSON string cannot carry") from None
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+
+
+def for_raw(value: bytes) -> bytes:
+    return value
+
+
+def inject(
+    data: bytes,
+    values: Mapping[str, bytes],
+    names: Container[str],
+    encode: Encoder,
+    place: str,
+    *,
+    url: bool = False,
+) -> tuple[bytes, Counter[str]]:
+    """Replace every reference to a name in NAMES by its encoded value.
+
+    With URL true, percent-encoded references are recognised too. DATA comes
+    back as the same object when nothing was injected.
+    """
+    counts: Counter[str] = Counter()
+    out: list[bytes] = []
+    pos = 0
+    finder: Callable[[bytes], Iterator[tuple[int, int, str]]] = find_url_references if url else find_references
+    for start, end, name in finder(data):
+        if name not in names or name not in values:
+            continue
+        try:
+            encoded = encode(values[name])
+        except ValueError as e:
+            raise InjectError(name, place, str(e)) from None
+        out += (data[pos:start], encoded)
+        pos = end
+        counts[name] += 1
+    if not counts:
+        return data, counts
+    out.append(data[pos:])
+    return b"".join(out), counts
+
+
+def split_basic(header_value: bytes) -> tuple[bytes, bytes] | None:
+    """(scheme word as sent, decoded credentials) of a Basic Authorization value, else None."""
+    scheme, _, rest = header_value.strip().partition(b" ")
+    if scheme.lower() != b"basic" or not rest.strip():
+        return None
+    try:
+        return scheme, binascii.a2b_base64(rest.strip(), strict_mode=True)
+    except binascii.Error:
+        return None
+
+
+def inject_basic(
+    header_value: bytes, values: Mapping[str, bytes], names: Container[str]
+) -> tuple[bytes, Counter[str]]:
+    """Inject into `Authorization: Basic` credentials and re-encode them (RFC 7617)."""
+    parts = split_basic(header_value)
+    if parts is None:
+        return header_value, Counter()
+    scheme, credentials = parts
+    replaced, counts = inject(credentials, values, names, for_header, "Basic credentials")
+    if not counts:
+        return header_value, counts
+    return scheme + b" " + base64.b64encode(replaced), counts

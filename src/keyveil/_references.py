@@ -1,0 +1,82 @@
+"""References: the ``{{secret:NAME}}`` text that stands in for a value.
+
+This module finds, parses and formats references exactly per SPEC §2. It
+knows nothing of values: it never sees one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+NAME_MAX = 128
+
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_NAME = rf"{_SEGMENT}(?:/{_SEGMENT})*"
+
+#: the normative pattern of SPEC §2, group 1 is NAME
+REFERENCE_PATTERN = rf"\{{\{{secret:({_NAME})\}}\}}"
+
+_NAME_RE = re.compile(rf"{_NAME}\Z")
+_REFERENCE_BYTES = re.compile(REFERENCE_PATTERN.encode())
+_REFERENCE_STR = re.compile(REFERENCE_PATTERN)
+
+# In a URL a client may percent-encode the braces, the colon and the slashes
+# (either hex case), in any mix.
+_PCT_NAME = rf"{_SEGMENT}(?:(?:/|%2[Ff]){_SEGMENT})*"
+_URL_REFERENCE_BYTES = re.compile(
+    rf"(?:\{{|%7[Bb])(?:\{{|%7[Bb])secret(?::|%3[Aa])({_PCT_NAME})(?:\}}|%7[Dd])(?:\}}|%7[Dd])".encode()
+)
+
+
+def is_valid_name(name: str) -> bool:
+    """True when NAME may appear in a reference (pattern and length)."""
+    return len(name) <= NAME_MAX and _NAME_RE.match(name) is not None
+
+
+def check_name(name: str) -> str:
+    """Return NAME, or raise ValueError saying why it is not a valid secret name."""
+    if not name:
+        raise ValueError("a secret name must not be empty")
+    if len(name) > NAME_MAX:
+        raise ValueError(f"a secret name is at most {NAME_MAX} characters")
+    if _NAME_RE.match(name) is None:
+        raise ValueError(
+            f"invalid secret name {name!r}: use segments of letters, digits, '.', '_' "
+            "or '-' joined by '/', each starting with a letter or digit (e.g. github/pat)"
+        )
+    return name
+
+
+def format_reference(name: str) -> str:
+    """The reference text for NAME."""
+    return "{{secret:" + check_name(name) + "}}"
+
+
+def parse_reference(text: str) -> str | None:
+    """NAME if TEXT is exactly one reference, else None."""
+    m = _REFERENCE_STR.fullmatch(text)
+    if m is None or len(m.group(1)) > NAME_MAX:
+        return None
+    return m.group(1)
+
+
+def find_references(data: bytes) -> Iterator[tuple[int, int, str]]:
+    """Yield (start, end, NAME) of every reference in DATA, left to right."""
+    for m in _REFERENCE_BYTES.finditer(data):
+        name = m.group(1)
+        if len(name) <= NAME_MAX:
+            yield m.start(), m.end(), name.decode("ascii")
+
+
+def find_url_references(data: bytes) -> Iterator[tuple[int, int, str]]:
+    """Like find_references, but also recognises percent-encoded references (URLs)."""
+    for m in _URL_REFERENCE_BYTES.finditer(data):
+        name = re.sub(rb"%2[Ff]", b"/", m.group(1)).decode("ascii")
+        if len(name) <= NAME_MAX:
+            yield m.start(), m.end(), name
+
+
+def contains_reference(data: bytes) -> bool:
+    """Cheap test used before any injection work."""
+    return b"{{secret:" in data or b"secret" in data and _URL_REFERENCE_BYTES.search(data) is not None

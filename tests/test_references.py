@@ -1,0 +1,85 @@
+"""References (SPEC §2): exact pattern, names, percent-encoded in URLs."""
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from keyveil._references import (
+    NAME_MAX,
+    REFERENCE_PATTERN,
+    check_name,
+    find_references,
+    find_url_references,
+    format_reference,
+    parse_reference,
+)
+
+segment = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,10}", fullmatch=True)
+names = st.lists(segment, min_size=1, max_size=4).map("/".join).filter(lambda n: len(n) <= NAME_MAX)
+
+
+@given(names)
+def test_format_then_parse_round_trips(name):
+    assert parse_reference(format_reference(name)) == name
+
+
+@given(names, st.binary(max_size=40), st.binary(max_size=40))
+def test_found_anywhere_in_bytes(name, before, after):
+    ref = format_reference(name).encode()
+    data = before + ref + after
+    found = [n for _, _, n in find_references(data)]
+    assert name in found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{ secret:x }}",
+        "{{secret:../x}}",
+        "{{secret:/x}}",
+        "{{secret:x/}}",
+        "{{secret:.x}}",
+        "{{Secret:x}}",
+        "{{secret:x y}}",
+        "{secret:x}",
+        "{{secret:}}",
+        "{{secret:a//b}}",
+    ],
+)
+def test_invalid_forms_are_plain_text(text):
+    assert parse_reference(text) is None
+    assert list(find_references(text.encode())) == []
+
+
+def test_name_length_limit():
+    ok = "a" * NAME_MAX
+    assert parse_reference("{{secret:" + ok + "}}") == ok
+    assert parse_reference("{{secret:" + ok + "a}}") is None
+    with pytest.raises(ValueError, match="at most 128"):
+        check_name(ok + "a")
+
+
+def test_check_name_explains():
+    with pytest.raises(ValueError, match="segments of letters"):
+        check_name("../etc/passwd")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        b"/x?t=%7B%7Bsecret:github%2Fpat%7D%7D",
+        b"/x?t=%7b%7bsecret%3agithub%2fpat%7d%7d",
+        b"/x?t={{secret:github/pat}}",
+        b"/x?t=%7B{secret:github/pat}%7D",
+    ],
+)
+def test_url_references_percent_encoded(url):
+    assert [n for _, _, n in find_url_references(url)] == ["github/pat"]
+
+
+@given(st.text(max_size=60))
+def test_agrees_with_normative_pattern(text):
+    expected = [m.group(1) for m in re.finditer(REFERENCE_PATTERN, text) if len(m.group(1)) <= NAME_MAX]
+    assert [n for _, _, n in find_references(text.encode("utf-8"))] == expected
