@@ -1,0 +1,90 @@
+"""The audit log: one JSON line per decision in $KEYVEIL_HOME/audit/.
+
+Fields are those of SPEC §8. A line holds names, counts, the host and the
+sealed path without its query: never a value and never a raw query string.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger("keyveil.audit")
+
+
+class AuditLog:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._day = ""
+        self._file = None
+
+    def _handle(self):
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        if day != self._day or self._file is None:
+            if self._file:
+                self._file.close()
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = self.directory / f"audit-{day}.jsonl"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+            self._day = day
+        return self._file
+
+    def write(
+        self,
+        *,
+        flow: str,
+        client: str,
+        method: str,
+        host: str,
+        path: str,
+        action: str,
+        names: Mapping[str, int] | None = None,
+        code: str | None = None,
+    ) -> None:
+        names = dict(names or {})
+        record = {
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "flow": flow,
+            "client": client,
+            "method": method,
+            "host": host,
+            "path": path.split("?", 1)[0],
+            "action": action,
+            "names": sorted(names),
+            "counts": names,
+            "code": code,
+        }
+        line = json.dumps(record, separators=(",", ":"))
+        try:
+            with self._lock:
+                self._handle().write(line + "\n")
+        except OSError as e:
+            log.error("keyveil: cannot write the audit log in %s: %s", self.directory, e)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file:
+                self._file.close()
+                self._file = None
+
+
+def read_records(directory: Path) -> list[dict]:
+    records = []
+    for path in sorted(directory.glob("audit-*.jsonl")):
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
+    return records

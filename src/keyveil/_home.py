@@ -1,0 +1,70 @@
+"""KEYVEIL_HOME: where rules, CA, vault and audit log live (SPEC §9).
+
+``Home`` names the paths and creates what is missing with private modes.
+It never overwrites an existing rules file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("KEYVEIL_HOME") or Path.home() / ".keyveil").expanduser()
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config"
+
+    @property
+    def rules(self) -> Path:
+        return self.config / "rules.yaml"
+
+    @property
+    def certs(self) -> Path:
+        return self.root / "certs"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.certs / "mitmproxy-ca-cert.pem"
+
+    @property
+    def ca_bundle(self) -> Path:
+        """System CAs plus keyveil's CA, for the variables that replace the default bundle."""
+        return self.certs / "keyveil-bundle.pem"
+
+    @property
+    def vault(self) -> Path:
+        return self.root / "vault"
+
+    @property
+    def audit(self) -> Path:
+        return self.root / "audit"
+
+    def ensure(self) -> bool:
+        """Create missing folders and the rules file. True when the rules file was created."""
+        for path, mode in ((self.root, 0o700), (self.config, 0o700), (self.certs, 0o700), (self.vault, 0o700), (self.audit, 0o700)):
+            path.mkdir(parents=True, exist_ok=True, mode=mode)
+        if self.rules.exists():
+            return False
+        from ._rules import shipped_config_dir
+
+        example = shipped_config_dir() / "rules.example.yaml"
+        tmp = self.rules.with_suffix(".tmp")
+        shutil.copyfile(example, tmp)
+        os.chmod(tmp, 0o600)
+        try:
+            os.link(tmp, self.rules)  # fails if a rules file appeared meanwhile: never overwrite
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True

@@ -1,0 +1,370 @@
+"""The request pipeline of SPEC §6 on a sans-IO request: seal, inject, enforce.
+
+``Engine`` is compiled once from the rules and a vault snapshot; each request
+goes through ``process_request`` and comes out as an ``Outcome``: the request
+parts to forward (possibly unchanged), what was sealed and injected, or a
+``Block`` with its code and an actionable message. This module knows nothing
+of mitmproxy or sockets, and no message it writes ever holds a value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from urllib.parse import unquote_plus
+
+from ._engine import Sealer
+from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
+from ._references import find_references, find_url_references, format_reference
+from ._rules import CompiledRules
+from ._vault import VaultSnapshot
+
+# Block codes (SPEC §6) and their HTTP status.
+STATUS = {
+    "plaintext_egress": 403,
+    "unbound_reference": 403,
+    "insecure_scheme": 403,
+    "host_mismatch": 421,
+    "undecodable_body": 502,
+    "vault_unavailable": 502,
+    "internal_error": 502,
+    "body_too_large": 413,
+}
+
+_AUTH_HEADERS = {b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"}
+_AUTHISH = re.compile(rb"token|key|secret|auth|passw|credential", re.IGNORECASE)
+
+# Vendor-written opaque fields (SPEC §6): never changed.
+_SIGNED_FIELD = re.compile(
+    rb'"(?:signature|encrypted_content|thoughtSignature|thought_signature)"\s*:\s*"(?:[^"\\]|\\.)*"'
+)
+_REDACTED_THINKING = re.compile(rb'\{[^{}]*"type"\s*:\s*"redacted_thinking"[^{}]*\}')
+
+
+@dataclass
+class Request:
+    """The parts of an HTTP request the pipeline reads and rewrites."""
+
+    method: str
+    scheme: str
+    host: str  # the destination (CONNECT target / absolute-form host), normalised
+    port: int
+    path: bytes  # raw, without the query
+    query: bytes | None  # raw, without '?'
+    headers: list[tuple[bytes, bytes]]
+    body: bytes | None  # decoded; None when absent or streamed
+    content_type: str = ""
+
+    @property
+    def path_text(self) -> str:
+        return self.path.decode("latin-1")
+
+
+@dataclass(frozen=True)
+class Block:
+    code: str
+    message: str
+    names: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+
+@dataclass
+class Outcome:
+    request: Request
+    sealed: Counter[str] = field(default_factory=Counter)
+    injected: Counter[str] = field(default_factory=Counter)
+    unknown: set[str] = field(default_factory=set)
+    block: Block | None = None
+    body_changed: bool = False
+    provider: bool = False
+
+
+def protected_spans(data: bytes) -> list[tuple[int, int]]:
+    """Spans of vendor-signed fields in a JSON body, which sealing must not touch."""
+    if b"signature" not in data and b"redacted_thinking" not in data and b"encrypted_content" not in data:
+        return []
+    spans = [m.span() for m in _SIGNED_FIELD.finditer(data)]
+    spans += [m.span() for m in _REDACTED_THINKING.finditer(data)]
+    return spans
+
+
+def body_encoder(content_type: str):
+    ct = content_type.split(";", 1)[0].strip().lower()
+    if ct == "application/json" or ct.endswith("+json") or ct == "application/x-ndjson":
+        return for_json
+    if ct == "application/x-www-form-urlencoded":
+        return for_form
+    return for_raw
+
+
+def is_auth_header(name: bytes) -> bool:
+    lname = name.lower()
+    return lname in _AUTH_HEADERS or _AUTHISH.search(lname) is not None
+
+
+class Engine:
+    """Rules and values compiled together; one per vault or rules change."""
+
+    def __init__(self, rules: CompiledRules, snapshot: VaultSnapshot) -> None:
+        self.rules = rules
+        self.policy = rules.rules.policy
+        self.values = dict(snapshot.current)
+        every = {name: [value] for name, value in snapshot.current.items()}
+        for name, previous in snapshot.previous.items():
+            every.setdefault(name, []).extend(previous)
+        self.sealer = Sealer(every)
+        self.names = frozenset(every)
+
+    # -- requests -------------------------------------------------------------
+
+    def process_request(self, req: Request) -> Outcome:
+        out = Outcome(req)
+        out.provider = self.rules.is_provider(req.host, req.port, req.scheme)
+        original = req
+        req = replace(req, headers=list(req.headers))
+        bindings = self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text)
+        bound: dict[str, set[str]] = defaultdict(set)
+        for name, injects in bindings.items():
+            for inj in injects:
+                bound[inj.location].add(name)
+
+        # 2. seal, location by location, remembering where each name was found
+        found: list[tuple[str, str]] = []  # (location, name)
+
+        def seal(location: str, data: bytes, protect=None) -> bytes:
+            result = self.sealer.seal(data, protect)
+            for name, n in result.counts.items():
+                found.append((location, name))
+                out.sealed[name] += n
+            return result.data
+
+        req.path = seal("path", req.path)
+        if req.query is not None:
+            req.query = b"&".join(seal(_query_location(p), p) for p in req.query.split(b"&"))
+        req.headers = [(k, seal(_header_location(k, v), v)) for k, v in req.headers]
+        if req.body is not None:
+            protect = protected_spans if out.provider else None
+            req.body = seal("body", req.body, protect)
+
+        # 4a. a value found where it is not bound (non-provider hosts only)
+        stray = [(loc, name) for loc, name in found if name not in bound.get(loc, ())]
+        if stray and not out.provider:
+            action = self.policy.plaintext_elsewhere
+            if action == "block":
+                loc, name = stray[0]
+                out.block = Block("plaintext_egress", self._plaintext_message(req, name, loc), (name,))
+                return out
+            if action == "allow":
+                req = self._restore(req, original, {loc for loc, _ in stray})
+
+        # 3. inject where bound
+        self._unknown_references(req, out)
+        try:
+            self._inject(req, bound, out)
+        except InjectError as e:
+            out.block = Block("plaintext_egress", f"{e}; keyveil does not forward it", (e.name,))
+            return out
+        missing = {n for names in bound.values() for n in names if n not in self.values}
+        missing_used = missing & self._references_in(req, anywhere=True)
+        if missing_used:
+            name = sorted(missing_used)[0]
+            out.block = Block(
+                "vault_unavailable",
+                f"{name} is bound to {req.host} but the vault holds no value for it: "
+                f"run `keyveil secret set {name}`",
+                (name,),
+            )
+            return out
+
+        # 4b. a reference that would be injected but for the scheme
+        insecure = self.rules.blocked_by_scheme(req.host, req.port, req.scheme, req.method, req.path_text)
+        insecure &= self._references_in(req, anywhere=True)
+        if insecure:
+            name = sorted(insecure)[0]
+            out.block = Block(
+                "insecure_scheme",
+                f"{name} is bound to {req.host} but this request is plain http://: keyveil never "
+                f"injects over http; use https://, or set allow_http: true on {name} in rules.yaml",
+                (name,),
+            )
+            return out
+
+        # 4c. a reference left where a credential goes, toward a host it is not bound to
+        if not out.provider and self.policy.unbound_reference != "pass":
+            left = self._references_in(req, anywhere=self.policy.unbound_reference == "block")
+            if left:
+                name = sorted(left)[0]
+                out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
+                return out
+
+        out.request = req
+        out.body_changed = req.body is not original.body and req.body != original.body
+        return out
+
+    def _inject(self, req: Request, bound: dict[str, set[str]], out: Outcome) -> None:
+        values = self.values
+        for location, names in bound.items():
+            if location == "path":
+                req.path, n = inject(req.path, values, names, for_url, "the URL path", url=True)
+            elif location.startswith("query:") and req.query is not None:
+                param = location[len("query:") :]
+                pieces = []
+                n = Counter()
+                for piece in req.query.split(b"&"):
+                    if _query_location(piece) == location:
+                        key, eq, val = piece.partition(b"=")
+                        val, c = inject(val, values, names, for_url, f"query parameter {param}", url=True)
+                        piece = key + eq + val
+                        n += c
+                    pieces.append(piece)
+                req.query = b"&".join(pieces)
+            elif location.startswith("header:"):
+                header = location[len("header:") :].encode("latin-1")
+                n = Counter()
+                for i, (k, v) in enumerate(req.headers):
+                    if k.lower() == header:
+                        v, c = inject(v, values, names, for_header, f"header {k.decode('latin-1')}")
+                        req.headers[i] = (k, v)
+                        n += c
+            elif location == "basic_auth":
+                n = Counter()
+                for i, (k, v) in enumerate(req.headers):
+                    if k.lower() == b"authorization":
+                        v, c = inject_basic(v, values, names)
+                        req.headers[i] = (k, v)
+                        n += c
+            elif location == "body" and req.body is not None:
+                req.body, n = inject(req.body, values, names, body_encoder(req.content_type), "the body")
+            else:
+                continue
+            out.injected.update(n)
+
+    def _references_in(self, req: Request, anywhere: bool) -> set[str]:
+        """Known names still referenced in auth positions (or ANYWHERE) of REQ."""
+        names: set[str] = set()
+
+        def scan(data: bytes, url: bool = False) -> None:
+            if b"secret" in data:
+                finder = find_url_references if url else find_references
+                names.update(n for _, _, n in finder(data) if n in self.names)
+
+        for k, v in req.headers:
+            if anywhere or is_auth_header(k):
+                scan(v)
+                basic = split_basic(v) if k.lower() == b"authorization" else None
+                if basic:
+                    scan(basic[1])
+        if req.query is not None:
+            for piece in req.query.split(b"&"):
+                key = piece.partition(b"=")[0]
+                if anywhere or _AUTHISH.search(unquote_plus(key.decode("latin-1")).encode("latin-1")):
+                    scan(piece, url=True)
+        if anywhere:
+            scan(req.path, url=True)
+            if req.body is not None:
+                scan(req.body)
+        return names
+
+    def _unknown_references(self, req: Request, out: Outcome) -> None:
+        parts: list[bytes] = [req.path, req.query or b"", *(v for _, v in req.headers), req.body or b""]
+        for part in parts:
+            if b"secret" in part:
+                out.unknown.update(n for _, _, n in find_url_references(part) if n not in self.names)
+
+    def _restore(self, req: Request, original: Request, locations: set[str]) -> Request:
+        """policy plaintext_elsewhere: allow — forward these locations as they came."""
+        if "path" in locations:
+            req.path = original.path
+        if "body" in locations:
+            req.body = original.body
+        if any(loc.startswith("query:") for loc in locations) and original.query is not None:
+            req.query = b"&".join(
+                orig if _query_location(orig) in locations else new
+                for orig, new in zip(original.query.split(b"&"), req.query.split(b"&"), strict=True)
+            )
+        req.headers = [
+            orig if _header_location(*orig) in locations else new
+            for orig, new in zip(original.headers, req.headers, strict=True)
+        ]
+        return req
+
+    # -- messages -------------------------------------------------------------
+
+    def _plaintext_message(self, req: Request, name: str, location: str) -> str:
+        where = _describe(location)
+        hint = self.rules.bound_elsewhere_hint(name) if name in self.rules.names() else "nowhere"
+        return (
+            f"the request to {req.host} carries the value of {name} in {where}, and {name} is "
+            f"not bound there (bound to: {hint}). Use the reference {format_reference(name)} "
+            f"instead of the value, or add {req.host} to hosts of {name} in rules.yaml "
+            f"with an inject location for {where}"
+        )
+
+    def _unbound_message(self, req: Request, name: str) -> str:
+        hint = self.rules.bound_elsewhere_hint(name) if name in self.rules.names() else "nowhere"
+        return (
+            f"{format_reference(name)} is sent to {req.host} where a credential goes, but {name} is "
+            f"not bound to {req.host} {req.method} {req.path_text} (bound to: {hint}). If "
+            f"{req.host} should receive it, add {req.host} to hosts of {name} in rules.yaml"
+        )
+
+    # -- WebSocket messages and responses -----------------------------------
+
+    def process_ws_message(self, req: Request, content: bytes) -> tuple[bytes, Outcome]:
+        """Seal, inject and enforce one client → server WebSocket message."""
+        msg = replace(req, headers=[], query=None, path=b"", body=None)
+        out = Outcome(msg, provider=self.rules.is_provider(req.host, req.port, req.scheme))
+        bindings = self.rules.bindings(req.host, req.port, req.scheme, "GET", req.path_text)
+        names = {n for n, injects in bindings.items() if any(i.location == "websocket" for i in injects)}
+        result = self.sealer.seal(content, protected_spans if out.provider else None)
+        out.sealed = result.counts
+        stray = [n for n in result.counts if n not in names]
+        if stray and not out.provider and self.policy.plaintext_elsewhere == "block":
+            out.block = Block("plaintext_egress", self._plaintext_message(req, stray[0], "websocket"), (stray[0],))
+            return content, out
+        data = content if stray and self.policy.plaintext_elsewhere == "allow" and not out.provider else result.data
+        encoder = for_json if data[:1] in (b"{", b"[") else for_raw
+        try:
+            data, out.injected = inject(data, self.values, names, encoder, "the WebSocket message")
+        except InjectError as e:
+            out.block = Block("plaintext_egress", str(e), (e.name,))
+            return content, out
+        if not out.provider and self.policy.unbound_reference == "block":
+            left = {n for _, _, n in find_references(data) if n in self.names}
+            if left:
+                name = sorted(left)[0]
+                out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
+        return data, out
+
+
+def _header_location(name: bytes, value: bytes) -> str:
+    lname = name.lower()
+    if lname == b"authorization" and split_basic(value) is not None:
+        return "basic_auth"
+    return "header:" + lname.decode("latin-1")
+
+
+def _query_location(piece: bytes) -> str:
+    key = piece.partition(b"=")[0]
+    return "query:" + unquote_plus(key.decode("latin-1"))
+
+
+def _describe(location: str) -> str:
+    kind, _, detail = location.partition(":")
+    return {
+        "header": f"header {detail}",
+        "query": f"query parameter {detail}",
+        "basic_auth": "Basic credentials",
+        "path": "the URL path",
+        "body": "the body",
+        "websocket": "a WebSocket message",
+    }[kind]
+
+
+def names_of(counts: Iterable[str]) -> str:
+    return ", ".join(sorted(set(counts)))

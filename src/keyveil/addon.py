@@ -1,0 +1,622 @@
+"""The mitmproxy adapter: flows in, the sans-IO pipeline, flows out.
+
+``Keyveil`` turns each flow into a ``_pipeline.Request``, runs the engine, and
+writes the outcome back: the forwarded request, a block response, streamed
+and scrubbed responses, sealed and scrubbed WebSocket messages. mitmproxy is
+fail-open (a hook exception is logged and the flow goes on), so every hook
+and stream callable here is guarded: an error blocks the flow. It never
+decides policy itself and never logs a value.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import brotli
+from mitmproxy import ctx, exceptions, http
+from mitmproxy.net import encoding
+from mitmproxy.net.http import url
+
+from ._audit import AuditLog
+from ._engine import StreamSealer
+from ._errors import KeyveilError
+from ._home import Home, default_home
+from ._hosts import normalize_host
+from ._pipeline import STATUS, Block, Engine, Outcome, Request
+from ._rules import load_rules
+from ._vault import open_vault
+
+try:  # Python 3.14 has compression.zstd; mitmproxy depends on the backport before
+    from compression import zstd  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    from backports import zstd  # type: ignore[no-redef]
+
+log = logging.getLogger("keyveil")
+
+_DECODABLE = ("gzip", "deflate", "br", "zstd")
+_ANTHROPIC = ("api.anthropic.com",)
+_OPENAI = ("api.openai.com", "chatgpt.com")
+_META = "keyveil"
+
+
+class Blocked(Exception):
+    def __init__(self, block: Block) -> None:
+        super().__init__(block.code)
+        self.block = block
+
+
+def guarded(hook: Callable) -> Callable:
+    """Run a hook; on any error block the flow instead of letting it through (I4)."""
+
+    @functools.wraps(hook)
+    def wrapper(self: Keyveil, flow: http.HTTPFlow, *args: Any) -> None:
+        try:
+            hook(self, flow, *args)
+        except Blocked as e:
+            self._block(flow, e.block)
+        except Exception as e:  # noqa: BLE001 - fail closed on anything
+            # The exception text may quote data from the flow: log its type only.
+            log.error("keyveil: internal error in %s (%s); the flow is blocked", hook.__name__, type(e).__name__)
+            self._block(flow, Block("internal_error", f"keyveil hit an internal error ({type(e).__name__}); the request was not forwarded"))
+
+    return wrapper
+
+
+class Keyveil:
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.load_error: KeyveilError | None = None
+        self.home: Home | None = None
+        self.audit: AuditLog | None = None
+        self._vault = None
+        self._vault_fingerprint: str | None = None
+        self._tunnels: dict[str, tuple[str, int]] = {}
+
+    # -- options and loading ---------------------------------------------------
+
+    def load(self, loader) -> None:
+        loader.add_option("keyveil_home", str, "", "keyveil home folder (default: $KEYVEIL_HOME or ~/.keyveil)")
+        loader.add_option("keyveil_rules", str, "", "rules file to use instead of $KEYVEIL_HOME/config/rules.yaml")
+
+    def configure(self, updated: set[str]) -> None:
+        if self.engine is not None and not updated & {"keyveil_home", "keyveil_rules"}:
+            return
+        try:
+            self._compile()
+        except KeyveilError as e:
+            self.load_error = e
+            raise exceptions.OptionsError(f"keyveil: {e}") from None
+        # Bodies are inspected whole up to max_body_bytes; beyond, keyveil
+        # streams them itself (mitmproxy's own streaming would skip sealing).
+
+    def _compile(self) -> None:
+        home = Home(Path(ctx.options.keyveil_home).expanduser() if ctx.options.keyveil_home else default_home())
+        home.ensure()
+        rules_path = Path(ctx.options.keyveil_rules).expanduser() if ctx.options.keyveil_rules else home.rules
+        rules = load_rules(rules_path)
+        vault = open_vault(home.root)
+        snapshot = vault.load()
+        self.engine = Engine(rules, snapshot)
+        self._vault = vault
+        self._vault_fingerprint = vault.fingerprint()
+        self.home = home
+        if self.audit is None or self.audit.directory != home.audit:
+            self.audit = AuditLog(home.audit)
+        log.info(
+            "keyveil: %d secrets, %d forms, rules %s", len(self.engine.names), self.engine.sealer.form_count, rules_path
+        )
+
+    def running(self) -> None:
+        if ctx.options.deferred:
+            names = ", ".join(sorted(ctx.options.deferred))
+            log.error("keyveil: unknown option(s): %s; check the spelling of --set", names)
+            ctx.master.shutdown()
+        if self.engine is None:
+            log.error("keyveil: not configured; refusing to run")
+            ctx.master.shutdown()
+
+    def done(self) -> None:
+        if self.audit:
+            self.audit.close()
+
+    def _current_engine(self) -> Engine:
+        """The engine, recompiled when the vault changed on disk."""
+        assert self.engine is not None
+        if self._vault is not None:
+            fingerprint = self._vault.fingerprint()
+            if fingerprint != self._vault_fingerprint:
+                try:
+                    self.engine = Engine(self.engine.rules, self._vault.load())
+                    self._vault_fingerprint = fingerprint
+                except KeyveilError as e:
+                    raise Blocked(Block("vault_unavailable", f"the vault cannot be read: {e}")) from None
+        return self.engine
+
+    # -- connections -----------------------------------------------------------
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._tunnels[flow.client_conn.id] = (normalize_host(flow.request.host), flow.request.port)
+        except ValueError:
+            flow.response = _block_response(Block("host_mismatch", "the CONNECT target is not a valid host name"), "")
+
+    def client_disconnected(self, client) -> None:
+        self._tunnels.pop(client.id, None)
+
+    def _destination(self, flow: http.HTTPFlow) -> tuple[str, int]:
+        """The host the client asked the proxy to reach (SPEC §6 step 1).
+
+        That is the CONNECT target for tunnelled requests, else the host of the
+        absolute-form URL; a Host / :authority or SNI naming another host is refused.
+        """
+        req = flow.request
+        tunnel = self._tunnels.get(flow.client_conn.id)
+        try:
+            host, port = tunnel if tunnel else (normalize_host(req.host), req.port)
+            claims = [(normalize_host(req.host), req.port)]
+            if req.host_header:
+                h, p = url.parse_authority(req.host_header, check=True)
+                claims.append((normalize_host(h), p or (443 if req.scheme == "https" else 80)))
+            if flow.client_conn.sni:
+                claims.append((normalize_host(flow.client_conn.sni), port))
+        except ValueError:
+            raise Blocked(Block("host_mismatch", "the request names no valid host")) from None
+        for claimed in claims:
+            if claimed != (host, port):
+                raise Blocked(Block(
+                    "host_mismatch",
+                    f"the request goes to {host}:{port} but names {claimed[0]}:{claimed[1]}; "
+                    "keyveil refuses requests whose Host, :authority or SNI differs from their destination",
+                ))
+        return host, port
+
+    # -- requests ---------------------------------------------------------------
+
+    @guarded
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        engine = self._current_engine()
+        host, port = self._destination(flow)
+        flow.metadata[_META] = {"host": host, "port": port}
+        size = _content_length(flow.request)
+        limit = engine.policy.max_body_bytes
+        if flow.request.stream or (size is not None and size > limit):
+            self._stream_request(flow, engine, host, port)
+
+    def _stream_request(self, flow: http.HTTPFlow, engine: Engine, host: str, port: int) -> None:
+        """A body too large to inspect whole goes through the stream sealer (never skipped)."""
+        req = flow.request
+        outcome = engine.process_request(self._to_request(flow, host, port, body=None))
+        if outcome.block:
+            raise Blocked(outcome.block)
+        self._apply(flow, outcome)
+        decoder = _decoder(req.headers.get("content-encoding", ""))
+        if decoder is None:
+            if engine.policy.undecodable_body == "block":
+                raise Blocked(_undecodable(req.headers.get("content-encoding", ""), host))
+            decoder = _Identity()
+        else:
+            req.headers.pop("content-encoding", None)
+        req.headers.pop("content-length", None)
+        if req.http_version == "HTTP/1.1":
+            req.headers["transfer-encoding"] = "chunked"
+        stream = engine.sealer.stream()
+        flow.metadata[_META]["streamed"] = True
+        flow.request.stream = self._stream_callable(flow, decoder, stream, "request")
+
+    def _stream_callable(self, flow: http.HTTPFlow, decoder, stream: StreamSealer, direction: str):
+        def seal_chunk(chunk: bytes) -> bytes:
+            try:
+                if chunk:
+                    return stream.feed(decoder.feed(chunk))
+                out = stream.feed(decoder.flush(), final=True)
+                if stream.counts:
+                    action = "sealed" if direction == "request" else "scrubbed"
+                    self._record(flow, action, stream.counts)
+                return out
+            except Exception as e:
+                # Raising tears the connection down: the rest never leaves unsealed.
+                log.error("keyveil: %s stream of %s aborted (%s)", direction, flow.request.pretty_host, type(e).__name__)
+                self._audit_block(flow, Block("internal_error" if not isinstance(e, ValueError) else "undecodable_body", "stream aborted"))
+                raise
+
+        return seal_chunk
+
+    @guarded
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        meta = flow.metadata.get(_META)
+        if meta is None or meta.get("streamed"):
+            return
+        engine = self._current_engine()
+        host, port = meta["host"], meta["port"]
+        body, encoding_name = self._decoded_body(flow, engine, host)
+        outcome = engine.process_request(self._to_request(flow, host, port, body))
+        if outcome.block:
+            raise Blocked(outcome.block)
+        self._apply(flow, outcome, encoding_name)
+
+    def _decoded_body(self, flow: http.HTTPFlow, engine: Engine, host: str) -> tuple[bytes | None, str | None]:
+        raw = flow.request.raw_content
+        if not raw:
+            return raw, None
+        ce = flow.request.headers.get("content-encoding", "").strip().lower()
+        if ce in ("", "identity"):
+            return raw, None
+        if ce in _DECODABLE:
+            try:
+                return encoding.decode(raw, ce), ce
+            except ValueError:
+                pass
+        if engine.policy.undecodable_body == "block":
+            raise Blocked(_undecodable(ce, host))
+        # pass: the body goes as it came, but it is still sealed as bytes
+        return raw, None
+
+    def _to_request(self, flow: http.HTTPFlow, host: str, port: int, body: bytes | None) -> Request:
+        req = flow.request
+        target = req.path.encode("latin-1", "surrogateescape") if isinstance(req.path, str) else req.path
+        path, sep, query = target.partition(b"?")
+        return Request(
+            method=req.method,
+            scheme=req.scheme,
+            host=host,
+            port=port,
+            path=path,
+            query=query if sep else None,
+            headers=list(req.headers.fields),
+            body=body,
+            content_type=req.headers.get("content-type", ""),
+        )
+
+    def _apply(self, flow: http.HTTPFlow, outcome: Outcome, encoding_name: str | None = None) -> None:
+        new = outcome.request
+        req = flow.request
+        meta = flow.metadata[_META]
+        # What the flow keeps after sending is the sealed request (SPEC §6.5).
+        meta["reseal"] = bool(outcome.injected or outcome.sealed)
+        target = new.path + (b"?" + new.query if new.query is not None else b"")
+        if target.decode("latin-1") != req.path:
+            req.path = target.decode("latin-1")
+        fields = tuple(new.headers)
+        if fields != tuple(req.headers.fields):
+            req.headers.fields = fields
+        if outcome.body_changed and new.body is not None:
+            if encoding_name:
+                req.raw_content = encoding.encode(new.body, encoding_name)
+            else:
+                req.raw_content = new.body
+            if "content-length" in req.headers:
+                req.headers["content-length"] = str(len(req.raw_content))
+        self._report(flow, outcome)
+
+    # -- responses ------------------------------------------------------------
+
+    @guarded
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self._reseal_request(flow)
+        if flow.response is None or _META not in flow.metadata:
+            return
+        engine = self.engine
+        assert engine is not None
+        resp = flow.response
+        counts = {}
+        fields = []
+        for k, v in resp.headers.fields:
+            result = engine.sealer.seal(v)
+            for n, c in result.counts.items():
+                counts[n] = counts.get(n, 0) + c
+            fields.append((k, result.data))
+        if counts:
+            resp.headers.fields = tuple(fields)
+            self._record(flow, "scrubbed", counts)
+        ce = resp.headers.get("content-encoding", "").strip().lower()
+        decoder = _decoder(ce)
+        if decoder is None:
+            block = _undecodable(ce, flow.metadata[_META]["host"], response=True)
+            self._audit_block(flow, block)
+            _turn_into_block(resp, block, flow.metadata[_META]["host"])
+            resp.stream = _discard_then(resp.content or b"")
+            return
+        if ce not in ("", "identity"):
+            resp.headers.pop("content-encoding", None)
+        resp.headers.pop("content-length", None)
+        resp.stream = self._stream_callable(flow, decoder, engine.sealer.stream(), "response")
+
+    @guarded
+    def response(self, flow: http.HTTPFlow) -> None:
+        # Responses that were not streamed (made by an addon or a block) are scrubbed whole.
+        self._reseal_request(flow)
+        resp = flow.response
+        if resp is None or resp.stream or self.engine is None:
+            return
+        if resp.headers.get("x-keyveil-block"):
+            return
+        raw = resp.raw_content
+        if raw:
+            body, enc = raw, None
+            ce = resp.headers.get("content-encoding", "").strip().lower()
+            if ce not in ("", "identity"):
+                body = encoding.decode(raw, ce)  # ValueError → guarded → blocked
+                enc = ce
+            result = self.engine.sealer.scrub(body)
+            if result.changed:
+                resp.raw_content = encoding.encode(result.data, enc) if enc else result.data
+                if "content-length" in resp.headers:
+                    resp.headers["content-length"] = str(len(resp.raw_content))
+                self._record(flow, "scrubbed", result.counts)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._reseal_request(flow)
+        except Exception as e:  # noqa: BLE001
+            log.error("keyveil: could not reseal a failed flow (%s)", type(e).__name__)
+
+    def _reseal_request(self, flow: http.HTTPFlow) -> None:
+        """Once the request is on the wire, the stored flow goes back to references."""
+        meta = flow.metadata.get(_META)
+        if meta and meta.pop("reseal", False) and self.engine is not None:
+            self._seal_stored_request(flow)
+
+    # -- WebSockets -------------------------------------------------------------
+
+    @guarded
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        assert flow.websocket is not None
+        message = flow.websocket.messages[-1]
+        if message.dropped:
+            return
+        engine = self._current_engine()
+        meta = flow.metadata.get(_META, {})
+        if message.from_client:
+            host, port = meta.get("host", flow.request.host), meta.get("port", flow.request.port)
+            data, outcome = engine.process_ws_message(self._to_request(flow, host, port, None), message.content)
+            if outcome.block:
+                message.drop()
+                self._audit_block(flow, outcome.block)
+                log.warning("keyveil: blocked a WebSocket message to %s: %s", host, outcome.block.code)
+                flow.kill() if flow.killable else None
+                return
+            if data != message.content:
+                message.content = data
+            self._report(flow, outcome)
+        else:
+            result = engine.sealer.scrub(message.content)
+            if result.changed:
+                message.content = result.data
+                self._record(flow, "scrubbed", result.counts)
+
+    # -- blocking, audit, flow marks ----------------------------------------------
+
+    def _block(self, flow: http.HTTPFlow, block: Block) -> None:
+        host = flow.metadata.get(_META, {}).get("host") or _safe_host(flow)
+        self._audit_block(flow, block)
+        log.warning("keyveil: blocked %s %s: %s", flow.request.method, host, block.code)
+        flow.response = _block_response(block, host)
+        flow.metadata.setdefault(_META, {})["blocked"] = block.code
+        flow.marked = ":no_entry:"
+        flow.comment = f"keyveil: blocked ({block.code})"
+        # Nothing that reads the flow later may see a value.
+        if self.engine is not None:
+            self._seal_stored_request(flow)
+
+    def _seal_stored_request(self, flow: http.HTTPFlow) -> None:
+        sealer = self.engine.sealer
+        req = flow.request
+        req.headers.fields = tuple((k, sealer.seal(v).data) for k, v in req.headers.fields)
+        path = req.path.encode("latin-1", "surrogateescape")
+        sealed_path = sealer.seal(path).data
+        if sealed_path is not path:
+            req.path = sealed_path.decode("latin-1")
+        if req.raw_content:
+            try:
+                ce = req.headers.get("content-encoding", "").strip().lower()
+                body = encoding.decode(req.raw_content, ce) if ce not in ("", "identity") else req.raw_content
+                result = sealer.seal(body)
+                if result.changed:
+                    req.raw_content = result.data
+                    req.headers.pop("content-encoding", None)
+            except ValueError:
+                req.raw_content = b""  # cannot inspect what is stored: keep nothing
+
+    def _audit_block(self, flow: http.HTTPFlow, block: Block) -> None:
+        self._record(flow, "blocked", {n: 1 for n in block.names}, block.code)
+
+    def _report(self, flow: http.HTTPFlow, outcome: Outcome) -> None:
+        if outcome.sealed:
+            self._record(flow, "sealed", outcome.sealed)
+        if outcome.injected:
+            self._record(flow, "injected", outcome.injected)
+        if outcome.unknown:
+            self._record(flow, "unknown_reference", {n: 1 for n in outcome.unknown})
+
+    def _record(self, flow: http.HTTPFlow, action: str, counts, code: str | None = None) -> None:
+        meta = flow.metadata.setdefault(_META, {})
+        host = meta.get("host") or _safe_host(flow)
+        if self.audit is not None:
+            path = flow.request.path.split("?", 1)[0]
+            if self.engine is not None:
+                path = self.engine.sealer.seal(path.encode("latin-1", "surrogateescape")).data.decode("latin-1")
+            client = flow.client_conn.peername
+            self.audit.write(
+                flow=flow.id,
+                client=f"{client[0]}:{client[1]}" if client else "",
+                method=flow.request.method,
+                host=host,
+                path=path,
+                action=action,
+                names=dict(counts),
+                code=code,
+            )
+        if counts and action != "blocked":
+            summary = ", ".join(f"{n} ×{c}" for n, c in sorted(counts.items()))
+            note = f"keyveil: {action} {summary}"
+            flow.comment = f"{flow.comment}\n{note}" if flow.comment else note
+            if not flow.marked:
+                flow.marked = ":lock:"
+
+
+def _safe_host(flow: http.HTTPFlow) -> str:
+    try:
+        return normalize_host(flow.request.host)
+    except ValueError:
+        return "(invalid host)"
+
+
+def _content_length(req: http.Request) -> int | None:
+    try:
+        return int(req.headers["content-length"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _undecodable(ce: str, host: str, response: bool = False) -> Block:
+    what = "response" if response else "request"
+    return Block(
+        "undecodable_body",
+        f"the {what} body for {host} uses Content-Encoding {ce!r}, which keyveil cannot decode "
+        "(it decodes gzip, deflate, br and zstd, one at a time); it was not forwarded. "
+        "Send it uncompressed, or set policy.undecodable_body: pass in rules.yaml",
+    )
+
+
+def _envelope(block: Block, host: str) -> dict:
+    text = f"keyveil blocked this request ({block.code}): {block.message}"
+    if host in _ANTHROPIC:
+        return {"type": "error", "error": {"type": "keyveil_blocked", "code": block.code, "message": text}}
+    if host in _OPENAI:
+        return {"error": {"message": text, "type": "keyveil_blocked", "param": None, "code": block.code}}
+    return {"error": {"type": "keyveil_blocked", "code": block.code, "message": text}}
+
+
+def _block_response(block: Block, host: str) -> http.Response:
+    return http.Response.make(
+        block.status,
+        json.dumps(_envelope(block, host)).encode(),
+        {"content-type": "application/json", "x-keyveil-block": block.code},
+    )
+
+
+def _turn_into_block(resp: http.Response, block: Block, host: str) -> None:
+    made = _block_response(block, host)
+    resp.status_code = made.status_code
+    resp.reason = made.reason
+    resp.headers = made.headers
+    resp.headers.pop("content-length", None)
+
+
+def _discard_then(body: bytes):
+    def discard(chunk: bytes) -> bytes:
+        return body if chunk == b"" else b""
+
+    return discard
+
+
+class _Identity:
+    def feed(self, chunk: bytes) -> bytes:
+        return chunk
+
+    def flush(self) -> bytes:
+        return b""
+
+
+class _Zlib:
+    def __init__(self, wbits: int) -> None:
+        self._d = zlib.decompressobj(wbits)
+        self._first = True
+        self._wbits = wbits
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._d.decompress(chunk)
+
+    def flush(self) -> bytes:
+        out = self._d.flush()
+        if not self._d.eof:
+            raise ValueError("truncated compressed body")
+        return out
+
+
+class _Deflate:
+    """HTTP 'deflate' is zlib-wrapped, but some servers send raw deflate."""
+
+    def __init__(self) -> None:
+        self._d = None
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._d is None:
+            self._buf += chunk
+            if len(self._buf) < 2:
+                return b""
+            wbits = 15 if (self._buf[0] & 0x0F) == 8 and int.from_bytes(self._buf[:2], "big") % 31 == 0 else -15
+            self._d = zlib.decompressobj(wbits)
+            chunk, self._buf = self._buf, b""
+        return self._d.decompress(chunk)
+
+    def flush(self) -> bytes:
+        if self._d is None:
+            if self._buf:
+                raise ValueError("truncated compressed body")
+            return b""
+        out = self._d.flush()
+        if not self._d.eof:
+            raise ValueError("truncated compressed body")
+        return out
+
+
+class _Brotli:
+    def __init__(self) -> None:
+        self._d = brotli.Decompressor()
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._d.process(chunk)
+
+    def flush(self) -> bytes:
+        if not self._d.is_finished():
+            raise ValueError("truncated compressed body")
+        return b""
+
+
+class _Zstd:
+    def __init__(self) -> None:
+        self._d = zstd.ZstdDecompressor()
+        self._parts: list = []
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = []
+        data = chunk
+        while data:
+            out.append(self._d.decompress(data))
+            if self._d.eof:  # concatenated frames
+                data = self._d.unused_data
+                self._d = zstd.ZstdDecompressor()
+            else:
+                data = b""
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        return b""
+
+
+def _decoder(ce: str):
+    ce = ce.strip().lower()
+    if ce in ("", "identity"):
+        return _Identity()
+    if ce == "gzip" or ce == "x-gzip":
+        return _Zlib(16 + zlib.MAX_WBITS)
+    if ce == "deflate":
+        return _Deflate()
+    if ce == "br":
+        return _Brotli()
+    if ce == "zstd":
+        return _Zstd()
+    return None
+

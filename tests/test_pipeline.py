@@ -1,0 +1,210 @@
+"""The request pipeline (SPEC §6) on sans-IO requests: seal, inject, enforce."""
+
+import base64
+import json
+import secrets
+
+import pytest
+
+from keyveil._pipeline import Engine, Request, protected_spans
+from keyveil._rules import parse_rules
+from keyveil._vault import VaultSnapshot
+
+RULES = """
+version: 1
+providers: {builtin: true, hosts: [llm.internal.example.com]}
+secrets:
+  github/pat:
+    hosts: [api.github.com, github.com]
+    inject: [{header: Authorization}, {basic_auth: true}]
+  gitlab/token:
+    hosts: [gitlab.example.com]
+    inject: [{query: private_token}, {path: true}, {body: true}]
+    methods: [GET, POST]
+  anthropic/key:
+    hosts: [api.anthropic.com]
+    inject: [{header: x-api-key}]
+  plain/http:
+    hosts: [intranet.example.com]
+    inject: [{header: Authorization}]
+    allow_http: true
+"""
+
+
+@pytest.fixture
+def values():
+    return {
+        "github/pat": b"ghp_" + secrets.token_hex(18).encode(),
+        "gitlab/token": b"glpat-" + secrets.token_urlsafe(15).encode(),
+        "anthropic/key": b"sk-ant-" + secrets.token_urlsafe(30).encode(),
+        "plain/http": b"intra-" + secrets.token_hex(10).encode(),
+    }
+
+
+def make_engine(values, rules=RULES, previous=None):
+    return Engine(parse_rules(rules, "rules.yaml"), VaultSnapshot(current=values, previous=previous or {}))
+
+
+def req(host, path=b"/", query=None, headers=(), body=None, method="GET", scheme="https", port=443, ct=""):
+    return Request(method, scheme, host, port, path, query, list(headers), body, ct)
+
+
+def flat(r: Request) -> bytes:
+    return b"\n".join([r.path, r.query or b"", *(k + b": " + v for k, v in r.headers), r.body or b""])
+
+
+def test_reference_injected_in_bound_header(values):
+    out = make_engine(values).process_request(
+        req("api.github.com", headers=[(b"Authorization", b"Bearer {{secret:github/pat}}")])
+    )
+    assert out.block is None
+    assert out.request.headers == [(b"Authorization", b"Bearer " + values["github/pat"])]
+    assert out.injected == {"github/pat": 1}
+
+
+def test_reference_not_injected_in_other_header(values):
+    out = make_engine(values).process_request(
+        req("api.github.com", headers=[(b"X-Debug", b"{{secret:github/pat}}")])
+    )
+    assert out.block is None  # not an auth position: forwarded as the reference
+    assert values["github/pat"] not in flat(out.request)
+
+
+def test_reference_in_auth_header_toward_unbound_host_blocks(values):
+    out = make_engine(values).process_request(
+        req("api.gitlab.com", headers=[(b"Authorization", b"Bearer {{secret:github/pat}}")])
+    )
+    assert out.block.code == "unbound_reference"
+    assert out.block.status == 403
+    assert "api.gitlab.com" in out.block.message and "github/pat" in out.block.message
+    assert values["github/pat"] not in out.block.message.encode()
+
+
+def test_value_toward_unbound_host_blocks(values):
+    v = values["github/pat"]
+    out = make_engine(values).process_request(req("evil.example", body=b'{"x": "' + v + b'"}'))
+    assert out.block.code == "plaintext_egress"
+    assert "evil.example" in out.block.message and "github/pat" in out.block.message
+    assert v not in out.block.message.encode()
+
+
+@pytest.mark.parametrize("policy,expect", [("seal", "sealed"), ("allow", "original")])
+def test_plaintext_elsewhere_seal_and_allow(values, policy, expect):
+    v = values["github/pat"]
+    rules = RULES + f"policy: {{plaintext_elsewhere: {policy}}}\n"
+    body = b'{"x": "' + v + b'"}'
+    out = make_engine(values, rules).process_request(req("evil.example", body=body))
+    assert out.block is None
+    if expect == "sealed":
+        assert out.request.body == b'{"x": "{{secret:github/pat}}"}'
+    else:
+        assert out.request.body == body
+
+
+def test_provider_gets_everything_sealed_and_never_blocks(values):
+    v = values["github/pat"]
+    body = json.dumps({"messages": [{"content": f"token {v.decode()} and {{{{secret:github/pat}}}}"}]}).encode()
+    out = make_engine(values).process_request(
+        req("api.anthropic.com", path=b"/v1/messages", headers=[(b"x-api-key", b"{{secret:anthropic/key}}")], body=body, method="POST", ct="application/json")
+    )
+    assert out.block is None
+    assert v not in flat(out.request)
+    assert b"{{secret:github/pat}}" in out.request.body
+    # the vendor's own key, bound to its host, is injected
+    assert (b"x-api-key", values["anthropic/key"]) in out.request.headers
+
+
+def test_provider_signed_fields_are_never_changed(values):
+    v = values["github/pat"].decode()
+    # A vendor-written signature that happens to hold the value's text is left alone.
+    body = json.dumps({"content": [{"type": "thinking", "thinking": v, "signature": "EqQB" + v}, {"type": "redacted_thinking", "data": v}]}).encode()
+    spans = protected_spans(body)
+    assert len(spans) == 2
+    out = make_engine(values).process_request(req("api.anthropic.com", body=body, method="POST", ct="application/json"))
+    doc = json.loads(out.request.body)
+    assert doc["content"][0]["thinking"] == "{{secret:github/pat}}"
+    assert doc["content"][0]["signature"] == "EqQB" + v
+    assert doc["content"][1]["data"] == v
+
+
+def test_basic_auth_injection_git_style(values):
+    creds = base64.b64encode(b"x-access-token:{{secret:github/pat}}")
+    out = make_engine(values).process_request(req("github.com", path=b"/o/r.git/info/refs", headers=[(b"Authorization", b"Basic " + creds)]))
+    assert out.block is None
+    (_, v), = out.request.headers
+    assert base64.b64decode(v.split()[1]) == b"x-access-token:" + values["github/pat"]
+
+
+def test_plaintext_basic_to_bound_host_is_forwarded_as_is(values):
+    header = b"Basic " + base64.b64encode(b"me:" + values["github/pat"])
+    out = make_engine(values).process_request(req("github.com", headers=[(b"Authorization", header)]))
+    assert out.block is None
+    assert out.request.headers == [(b"Authorization", header)]
+
+
+def test_query_path_and_body_injection_encoded_for_place(values):
+    tok = values["gitlab/token"]
+    out = make_engine(values).process_request(
+        req(
+            "gitlab.example.com",
+            path=b"/api/%7B%7Bsecret:gitlab%2Ftoken%7D%7D/x",
+            query=b"private_token=%7B%7Bsecret%3Agitlab%2Ftoken%7D%7D&page=2",
+            body=b'{"t": "{{secret:gitlab/token}}"}',
+            method="POST",
+            ct="application/json",
+        )
+    )
+    assert out.block is None
+    from urllib.parse import quote
+
+    assert out.request.path == b"/api/" + quote(tok, safe="").encode() + b"/x"
+    assert out.request.query == b"private_token=" + quote(tok, safe="").encode() + b"&page=2"
+    assert json.loads(out.request.body) == {"t": tok.decode()}
+
+
+def test_method_restriction(values):
+    out = make_engine(values).process_request(
+        req("gitlab.example.com", query=b"private_token={{secret:gitlab/token}}", method="DELETE")
+    )
+    assert out.block.code == "unbound_reference"
+
+
+def test_insecure_scheme_blocks_and_allow_http_injects(values):
+    out = make_engine(values).process_request(
+        req("api.github.com", scheme="http", port=80, headers=[(b"Authorization", b"token {{secret:github/pat}}")])
+    )
+    assert out.block.code == "insecure_scheme"
+    out = make_engine(values).process_request(
+        req("intranet.example.com", scheme="http", port=80, headers=[(b"Authorization", b"token {{secret:plain/http}}")])
+    )
+    assert out.block is None
+    assert out.request.headers == [(b"Authorization", b"token " + values["plain/http"])]
+
+
+def test_header_value_with_crlf_is_never_injected(values):
+    values = dict(values, **{"github/pat": b"abc\r\nX-Evil: 1"})
+    out = make_engine(values).process_request(req("api.github.com", headers=[(b"Authorization", b"Bearer {{secret:github/pat}}")]))
+    assert out.block is not None
+    assert b"X-Evil" not in flat(out.request)
+
+
+def test_unknown_reference_is_plain_text_and_reported(values):
+    out = make_engine(values).process_request(req("api.gitlab.com", headers=[(b"Authorization", b"Bearer {{secret:nope/x}}")]))
+    assert out.block is None
+    assert out.unknown == {"nope/x"}
+
+
+def test_previous_value_is_sealed_not_injected(values):
+    old = b"ghp_old_" + secrets.token_hex(10).encode()
+    engine = make_engine(values, previous={"github/pat": (old,)})
+    out = engine.process_request(req("api.anthropic.com", body=b"old " + old, method="POST"))
+    assert out.request.body == b"old {{secret:github/pat}}"
+    out = engine.process_request(req("api.github.com", headers=[(b"Authorization", b"Bearer {{secret:github/pat}}")]))
+    assert old not in flat(out.request)
+
+
+def test_unchanged_request_is_the_same_bytes(values):
+    body = b'{"hello": "world"}'
+    out = make_engine(values).process_request(req("example.com", body=body, method="POST"))
+    assert out.block is None and not out.body_changed
+    assert out.request.body is body
