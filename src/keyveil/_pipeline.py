@@ -315,8 +315,12 @@ class Engine:
 
     # -- WebSocket messages and responses -----------------------------------
 
-    def process_ws_message(self, req: Request, content: bytes) -> tuple[bytes, Outcome]:
-        """Seal, inject and enforce one client → server WebSocket message."""
+    def process_ws_message(self, req: Request, content: bytes) -> tuple[bytes, bytes, Outcome]:
+        """Seal, inject and enforce one client → server WebSocket message.
+
+        Returns the sealed message (what may be shown and stored), the message
+        to send (sealed, then injected where bound), and the outcome.
+        """
         msg = replace(req, headers=[], query=None, path=b"", body=None)
         out = Outcome(msg, provider=self.rules.is_provider(req.host, req.port, req.scheme))
         bindings = self.rules.bindings(req.host, req.port, req.scheme, "GET", req.path_text)
@@ -324,22 +328,26 @@ class Engine:
         result = self.sealer.seal(content, protected_spans if out.provider else None)
         out.sealed = result.counts
         stray = [n for n in result.counts if n not in names]
-        if stray and not out.provider and self.policy.plaintext_elsewhere == "block":
-            out.block = Block("plaintext_egress", self._plaintext_message(req, stray[0], "websocket"), (stray[0],))
-            return content, out
-        data = content if stray and self.policy.plaintext_elsewhere == "allow" and not out.provider else result.data
-        encoder = for_json if data[:1] in (b"{", b"[") else for_raw
+        if stray and not out.provider:
+            action = self.policy.plaintext_elsewhere
+            if action == "block":
+                out.block = Block("plaintext_egress", self._plaintext_message(req, stray[0], "websocket"), (stray[0],))
+                return result.data, content, out
+            if action == "allow":
+                return result.data, content, out
+        sealed = result.data
+        encoder = for_json if sealed[:1] in (b"{", b"[") else for_raw
         try:
-            data, out.injected = inject(data, self.values, names, encoder, "the WebSocket message")
+            data, out.injected = inject(sealed, self.values, names, encoder, "the WebSocket message")
         except InjectError as e:
             out.block = Block("plaintext_egress", str(e), (e.name,))
-            return content, out
+            return sealed, content, out
         if not out.provider and self.policy.unbound_reference == "block":
             left = {n for _, _, n in find_references(data) if n in self.names}
             if left:
                 name = sorted(left)[0]
                 out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
-        return data, out
+        return sealed, data, out
 
 
 def _header_location(name: bytes, value: bytes) -> str:

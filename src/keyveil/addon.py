@@ -68,8 +68,29 @@ def guarded(hook: Callable) -> Callable:
     return wrapper
 
 
+class KeyveilInjector:
+    """The last addon in the chain: puts values into WebSocket messages.
+
+    mitmproxy sends a message once every addon's hook has run, and the dumper
+    and web view read it in theirs; keyveil's own hook leaves the message
+    sealed for them, and this addon, added after all of them, injects.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[int, bytes] = {}
+        self.sent: dict[str, list] = {}
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        message = flow.websocket.messages[-1]
+        data = self.pending.pop(id(message), None)
+        if data is not None and not message.dropped:
+            message.content = data
+            self.sent.setdefault(flow.id, []).append(message)
+
+
 class Keyveil:
     def __init__(self) -> None:
+        self._late = KeyveilInjector()
         self.engine: Engine | None = None
         self.load_error: KeyveilError | None = None
         self.home: Home | None = None
@@ -113,6 +134,8 @@ class Keyveil:
         )
 
     def running(self) -> None:
+        if ctx.master.addons.get("keyveilinjector") is None:
+            ctx.master.addons.add(self._late)
         if ctx.options.deferred:
             names = ", ".join(sorted(ctx.options.deferred))
             log.error("keyveil: unknown option(s): %s; check the spelling of --set", names)
@@ -372,27 +395,44 @@ class Keyveil:
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         assert flow.websocket is not None
         message = flow.websocket.messages[-1]
+        self._reseal_ws(flow)  # earlier messages are on the wire by now
         if message.dropped:
             return
         engine = self._current_engine()
         meta = flow.metadata.get(_META, {})
         if message.from_client:
             host, port = meta.get("host", flow.request.host), meta.get("port", flow.request.port)
-            data, outcome = engine.process_ws_message(self._to_request(flow, host, port, None), message.content)
+            sealed, data, outcome = engine.process_ws_message(self._to_request(flow, host, port, None), message.content)
             if outcome.block:
+                message.content = sealed
                 message.drop()
                 self._audit_block(flow, outcome.block)
                 log.warning("keyveil: blocked a WebSocket message to %s: %s", host, outcome.block.code)
-                flow.kill() if flow.killable else None
+                if flow.killable:
+                    flow.kill()
                 return
-            if data != message.content:
-                message.content = data
+            if sealed != message.content:
+                message.content = sealed
+            if data != sealed:
+                # Others (dumper, view) read the message after this hook: they see
+                # it sealed; the late injector puts the value in just before it is sent.
+                self._late.pending[id(message)] = data
             self._report(flow, outcome)
         else:
             result = engine.sealer.scrub(message.content)
             if result.changed:
                 message.content = result.data
                 self._record(flow, "scrubbed", result.counts)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._reseal_ws(flow)
+        except Exception as e:  # noqa: BLE001
+            log.error("keyveil: could not reseal WebSocket messages (%s)", type(e).__name__)
+
+    def _reseal_ws(self, flow: http.HTTPFlow) -> None:
+        for message in self._late.sent.pop(flow.id, ()):
+            message.content = self.engine.sealer.seal(message.content).data
 
     # -- blocking, audit, flow marks ----------------------------------------------
 

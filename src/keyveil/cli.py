@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,7 +62,9 @@ def ensure_ca(home: Home) -> None:
     system = _system_bundle()
     parts = [system.read_text()] if system else []
     parts.append(home.ca_cert.read_text())
-    home.ca_bundle.write_text("\n".join(parts))
+    tmp = home.ca_bundle.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text("\n".join(parts))
+    os.replace(tmp, home.ca_bundle)  # a concurrent `run` never reads half a bundle
 
 
 def _system_bundle() -> Path | None:
@@ -119,6 +122,11 @@ def cmd_secret(args) -> int:
         return 0
     vault = open_vault(home.root)
     if args.action == "set":
+        if args.value is not None:
+            raise UsageError(
+                "secret set takes no value argument (argv is visible to other processes): "
+                "pipe the value on stdin or type it at the hidden prompt"
+            )
         name = _name(args.name)
         vault.set(name, _read_value(name))
         _out(f"stored {name}; use it as {format_reference(name)}")
@@ -221,7 +229,8 @@ def cmd_start(args) -> int:
         )
     from .embed import run_proxy
 
-    return run_proxy(home, host, port, web=args.web, proxyauth=proxyauth, state_file=_state_file(home))
+    state = None if args.private else _state_file(home)  # a private proxy is nobody else's
+    return run_proxy(home, host, port, web=args.web, proxyauth=proxyauth, state_file=state)
 
 
 def proxy_env(home: Home, proxy_url: str) -> dict[str, str]:
@@ -245,9 +254,12 @@ def proxy_env(home: Home, proxy_url: str) -> dict[str, str]:
 
 
 def _running_proxy(home: Home) -> str | None:
+    """URL of a `keyveil start` proxy the agent can use as is (not one that needs auth)."""
     try:
         state = json.loads(_state_file(home).read_text())
         host, port, pid = state["host"], int(state["port"]), int(state["pid"])
+        if state.get("auth"):
+            return None
         os.kill(pid, 0)
         with socket.create_connection((host if host not in ("0.0.0.0", "::") else LOOPBACK, port), timeout=0.5):
             pass
@@ -283,17 +295,21 @@ def cmd_run(args) -> int:
     private = None
     if url is None:
         port = _free_port()
+        log = tempfile.TemporaryFile()  # the proxy's log; shown only if it fails to start
         private = subprocess.Popen(
             [sys.executable, "-m", "keyveil", "start", "--listen", f"{LOOPBACK}:{port}", "--private"],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            # loopback and private to CMD: no proxy authentication
+            env={k: v for k, v in os.environ.items() if k != "KEYVEIL_PROXYAUTH"},
         )
         url = f"http://{LOOPBACK}:{port}"
         if not _wait_listening(port, private):
-            err = private.stderr.read().decode(errors="replace") if private.stderr else ""
             private.kill()
-            sys.stderr.write(f"keyveil: the private proxy did not start:\n{err}")
+            private.wait(10)
+            log.seek(0)
+            sys.stderr.write(f"keyveil: the private proxy did not start:\n{log.read().decode(errors='replace')}")
             return private.returncode if private.returncode and private.returncode > 0 else 2
     env = {k: v for k, v in os.environ.items() if not _withheld(k)}
     env.update(proxy_env(home, url))
@@ -388,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (("set", "store a value (hidden prompt or stdin)"), ("rm", "forget a secret"), ("ref", "print the reference")):
         p = ssub.add_parser(action, help=text)
         p.add_argument("name")
+        if action == "set":  # only to refuse it without echoing it back
+            p.add_argument("value", nargs="?", help=argparse.SUPPRESS)
     ssub.add_parser("list", help="names, versions and bindings (never values)")
     secret.set_defaults(func=cmd_secret)
 

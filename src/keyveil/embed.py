@@ -50,7 +50,7 @@ def _build_master(addon, home: Home, host: str, port: int, web: bool, proxyauth:
     return master
 
 
-def run_proxy(home: Home, host: str, port: int, *, web: bool, proxyauth: str, state_file: Path) -> int:
+def run_proxy(home: Home, host: str, port: int, *, web: bool, proxyauth: str, state_file: Path | None) -> int:
     from mitmproxy import exceptions
 
     logging.getLogger().setLevel(logging.INFO)
@@ -69,17 +69,18 @@ def run_proxy(home: Home, host: str, port: int, *, web: bool, proxyauth: str, st
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, master.shutdown)
-        state = {"host": host, "port": port, "pid": os.getpid()}
-        try:
-            state_file.write_text(json.dumps(state))
-        except OSError:
-            pass
+        state = {"host": host, "port": port, "pid": os.getpid(), "auth": bool(proxyauth)}
+        if state_file is not None:
+            try:
+                state_file.write_text(json.dumps(state))
+            except OSError:
+                pass
         print(f"keyveil: proxy on http://{host}:{port} (home {home.root})", file=sys.stderr, flush=True)
         try:
             await master.run()
         finally:
             try:
-                if json.loads(state_file.read_text()).get("pid") == os.getpid():
+                if state_file is not None and json.loads(state_file.read_text()).get("pid") == os.getpid():
                     state_file.unlink()
             except (OSError, ValueError):
                 pass
