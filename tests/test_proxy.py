@@ -329,3 +329,28 @@ def test_zz_no_value_in_any_output(proxy, kv):
     audit = [json.loads(line) for p in (kv.home / "audit").glob("*.jsonl") for line in p.read_text().splitlines()]
     assert {"sealed", "injected", "scrubbed", "blocked"} <= {a["action"] for a in audit}
     assert all(set(a) == {"ts", "flow", "client", "method", "host", "path", "action", "names", "counts", "code"} for a in audit)
+
+
+def test_stream_large_bodies_never_skips_sealing(kv, upstream, tmp_path):
+    """With mitmproxy's stream_large_bodies, a chunked upload of unknown size is
+    switched to raw streaming after the headers hook: keyveil must stream it itself."""
+    upstream.reset()
+    pat = kv.values["github/pat"]
+
+    def chunks():
+        yield b'{"a": "' + b"y" * 5000
+        yield pat[:7]
+        yield pat[7:] + b'", "b": "' + b"z" * 20000 + b'"}'
+
+    with infra.routed_proxy(
+        upstream, tmp_path, scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home, "stream_large_bodies": "1k"}, env=kv.env
+    ) as p:
+        for http2 in (False, True):
+            with client(p, http2) as c:
+                r = c.post("https://api.openai.com/v1/responses", content=chunks())
+            assert r.status_code == 200
+    assert len(upstream.requests) == 2
+    for rec in upstream.requests:
+        assert pat not in rec.body
+        assert b"{{secret:github/pat}}" in rec.body
+    assert pat not in upstream.all_bytes()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +27,7 @@ from mitmproxy.net.http import url
 
 from ._audit import AuditLog
 from ._engine import StreamSealer
-from ._errors import KeyveilError
+from ._errors import KeyveilError, VaultUnavailable
 from ._home import Home, default_home
 from ._hosts import normalize_host
 from ._pipeline import STATUS, Block, Engine, Outcome, Request
@@ -91,6 +93,9 @@ class KeyveilInjector:
 class Keyveil:
     def __init__(self) -> None:
         self._late = KeyveilInjector()
+        self._original_headers: dict[str, tuple] = {}
+        self.embedded = False  # set by `keyveil start`, which maps errors to exit codes itself
+        self._running = False
         self.engine: Engine | None = None
         self.load_error: KeyveilError | None = None
         self.home: Home | None = None
@@ -112,6 +117,10 @@ class Keyveil:
             self._compile()
         except KeyveilError as e:
             self.load_error = e
+            if isinstance(e, VaultUnavailable) and not self.embedded and not self._running:
+                # mitmdump turns any start-up error into exit 1; SPEC §9 wants 2.
+                print(f"keyveil: {e}", file=sys.stderr, flush=True)
+                os._exit(e.exit_code)
             raise exceptions.OptionsError(f"keyveil: {e}") from None
         # Bodies are inspected whole up to max_body_bytes; beyond, keyveil
         # streams them itself (mitmproxy's own streaming would skip sealing).
@@ -134,6 +143,7 @@ class Keyveil:
         )
 
     def running(self) -> None:
+        self._running = True
         if ctx.master.addons.get("keyveilinjector") is None:
             ctx.master.addons.add(self._late)
         if ctx.options.deferred:
@@ -208,10 +218,23 @@ class Keyveil:
         engine = self._current_engine()
         host, port = self._destination(flow)
         flow.metadata[_META] = {"host": host, "port": port}
-        size = _content_length(flow.request)
-        limit = engine.policy.max_body_bytes
-        if flow.request.stream or (size is not None and size > limit):
+        req = flow.request
+        size = _content_length(req)
+        # mitmproxy switches a body of unknown size to raw streaming only once
+        # it has grown past stream_large_bodies, after this hook: keyveil
+        # streams such bodies itself from the start when that option is set.
+        unknown = size is None and ("transfer-encoding" in req.headers or req.is_http2 or req.is_http3)
+        if req.stream or (size is not None and size > engine.policy.max_body_bytes) or (
+            unknown and ctx.options.stream_large_bodies
+        ):
             self._stream_request(flow, engine, host, port)
+            return
+        # Addons that show flows as they arrive (mitmweb) read the headers
+        # after this hook: they see them sealed; the pipeline gets the originals.
+        sealed = tuple((k, engine.sealer.seal(v).data) for k, v in req.headers.fields)
+        if sealed != tuple(req.headers.fields):
+            self._original_headers[flow.id] = req.headers.fields
+            req.headers.fields = sealed
 
     def _stream_request(self, flow: http.HTTPFlow, engine: Engine, host: str, port: int) -> None:
         """A body too large to inspect whole goes through the stream sealer (never skipped)."""
@@ -261,6 +284,9 @@ class Keyveil:
             return
         engine = self._current_engine()
         host, port = meta["host"], meta["port"]
+        original = self._original_headers.pop(flow.id, None)
+        if original is not None:
+            flow.request.headers.fields = original
         body, encoding_name = self._decoded_body(flow, engine, host)
         outcome = engine.process_request(self._to_request(flow, host, port, body))
         if outcome.block:
@@ -378,6 +404,7 @@ class Keyveil:
                 self._record(flow, "scrubbed", result.counts)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self._original_headers.pop(flow.id, None)
         try:
             self._reseal_request(flow)
         except Exception as e:  # noqa: BLE001

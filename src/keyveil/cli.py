@@ -230,7 +230,7 @@ def cmd_start(args) -> int:
     from .embed import run_proxy
 
     state = None if args.private else _state_file(home)  # a private proxy is nobody else's
-    return run_proxy(home, host, port, web=args.web, proxyauth=proxyauth, state_file=state)
+    return run_proxy(home, host, port, web=args.web, web_port=args.web_port, proxyauth=proxyauth, state_file=state)
 
 
 def proxy_env(home: Home, proxy_url: str) -> dict[str, str]:
@@ -417,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = sub.add_parser("start", help="run the proxy")
     start.add_argument("--listen", default=f"{LOOPBACK}:{DEFAULT_PORT}", metavar="HOST:PORT")
-    start.add_argument("--web", action="store_true", help="also serve mitmweb on 127.0.0.1:8081")
+    start.add_argument("--web", action="store_true", help="also serve mitmweb on 127.0.0.1 (see --web-port)")
+    start.add_argument("--web-port", type=int, default=8081, help=argparse.SUPPRESS)
     start.add_argument("--private", action="store_true", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
 

@@ -22,7 +22,7 @@ from ._home import Home
 log = logging.getLogger("keyveil")
 
 
-def _build_master(addon, home: Home, host: str, port: int, web: bool, proxyauth: str):
+def _build_master(addon, home: Home, host: str, port: int, web: bool, web_port: int, proxyauth: str):
     from mitmproxy import options
     from mitmproxy.addons import script
 
@@ -31,7 +31,7 @@ def _build_master(addon, home: Home, host: str, port: int, web: bool, proxyauth:
         from mitmproxy.tools.web.master import WebMaster
 
         master = WebMaster(opts, with_termlog=True)
-        opts.update(web_open_browser=False, web_host="127.0.0.1")
+        opts.update(web_open_browser=False, web_host="127.0.0.1", web_port=web_port)
     else:
         from mitmproxy.tools.dump import DumpMaster
 
@@ -50,7 +50,7 @@ def _build_master(addon, home: Home, host: str, port: int, web: bool, proxyauth:
     return master
 
 
-def run_proxy(home: Home, host: str, port: int, *, web: bool, proxyauth: str, state_file: Path | None) -> int:
+def run_proxy(home: Home, host: str, port: int, *, web: bool, web_port: int = 8081, proxyauth: str, state_file: Path | None) -> int:
     from mitmproxy import exceptions
 
     logging.getLogger().setLevel(logging.INFO)
@@ -61,8 +61,9 @@ def run_proxy(home: Home, host: str, port: int, *, web: bool, proxyauth: str, st
 
     async def main() -> int:
         addon = Keyveil()
+        addon.embedded = True
         try:
-            master = _build_master(addon, home, host, port, web, proxyauth)
+            master = _build_master(addon, home, host, port, web, web_port, proxyauth)
         except exceptions.OptionsError as e:
             print(str(e), file=sys.stderr)
             return addon.load_error.exit_code if addon.load_error else 1
