@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(BIN)/keyveil start
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -m soak -p no:randomly

@@ -315,7 +315,15 @@ def test_invalid_rules_stop_mitmdump(kv, upstream, tmp_path):
 # --- I5: quiet (runs last in this module: greps everything the proxy wrote) -------------------
 
 
-def test_zz_no_value_in_any_output(proxy, kv):
+def test_zz_no_value_in_any_output(proxy, up, kv):
+    """Runs last in this module: on top of what earlier tests sent, one of each
+    decision, then every output of the proxy is grepped for every value."""
+    pat = kv.values["github/pat"]
+    up.set_response("/respond", 200, {"x-leak": pat.decode()}, [b"echo " + pat], 0)
+    with client(proxy) as c:
+        c.get("https://api.github.com/respond", headers={"authorization": "Bearer {{secret:github/pat}}"})
+        c.post("https://api.anthropic.com/v1/messages", content=b'{"t": "' + pat + b'"}')
+        c.get("https://api.gitlab.com/x", headers={"authorization": "Bearer " + pat.decode()})
     time.sleep(0.5)
     proxy.stop()
     outputs = [proxy.output().encode(), proxy.flowfile.read_bytes()]
