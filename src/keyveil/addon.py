@@ -132,6 +132,7 @@ class Keyveil:
         rules = load_rules(rules_path)
         vault = open_vault(home.root)
         snapshot = vault.load()
+        _warn_if_exposed(rules_path, home)
         self.engine = Engine(rules, snapshot)
         self._vault = vault
         self._vault_fingerprint = vault.fingerprint()
@@ -529,6 +530,20 @@ class Keyveil:
             flow.comment = f"{flow.comment}\n{note}" if flow.comment else note
             if not flow.marked:
                 flow.marked = ":lock:"
+
+
+def _warn_if_exposed(rules_path: Path, home: Home) -> None:
+    """Warn about files other users can read (vault, CA key) or change (rules)."""
+    checks = [(rules_path, 0o022, "writable by other users: they could bind a secret to their host")]
+    checks += [(p, 0o077, "readable by other users") for p in home.vault.glob("*") if p.is_file()]
+    checks.append((home.certs / "mitmproxy-ca.pem", 0o077, "(the CA private key) readable by other users"))
+    for path, bits, what in checks:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue
+        if mode & bits:
+            log.warning("keyveil: %s is %s (mode %o); run chmod %o %s", path, what, mode, mode & ~bits & 0o700 or 0o600, path)
 
 
 def _safe_host(flow: http.HTTPFlow) -> str:
