@@ -362,3 +362,22 @@ def test_stream_large_bodies_never_skips_sealing(kv, upstream, tmp_path):
         assert pat not in rec.body
         assert b"{{secret:github/pat}}" in rec.body
     assert pat not in upstream.all_bytes()
+
+
+def test_passthrough_host_is_not_intercepted(upstream, tmp_path):
+    """A passthrough host's TLS goes end to end: the client sees the upstream's own certificate."""
+    from tests.conftest import RULES, make_home
+
+    setup = make_home(tmp_path, RULES + "passthrough: [raw.test.keyveil]\n")
+    upstream.reset()
+    with infra.routed_proxy(upstream, tmp_path / "w", scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": setup.home}, env=setup.env) as p:
+        ok = subprocess.run(
+            ["curl", "-sS", "--cacert", upstream.ca_pem, "-x", p.url, "https://raw.test.keyveil/echo"],
+            capture_output=True, timeout=30,
+        )
+        intercepted = subprocess.run(
+            ["curl", "-sS", "--cacert", upstream.ca_pem, "-x", p.url, "https://api.github.com/echo"],
+            capture_output=True, timeout=30,
+        )
+    assert ok.returncode == 0, ok.stderr  # trusted with the upstream's CA: not intercepted
+    assert intercepted.returncode != 0  # keyveil's certificate, unknown to this CA bundle

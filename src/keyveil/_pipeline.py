@@ -82,6 +82,8 @@ class Outcome:
     block: Block | None = None
     body_changed: bool = False
     provider: bool = False
+    #: the request after sealing and before injection: what may be shown or stored
+    sealed_request: Request | None = None
 
 
 def protected_spans(data: bytes) -> list[tuple[int, int]]:
@@ -164,6 +166,7 @@ class Engine:
 
         # 3. inject where bound
         self._unknown_references(req, out)
+        out.sealed_request = replace(req, headers=list(req.headers))
         try:
             self._inject(req, bound, out)
         except InjectError as e:

@@ -61,39 +61,56 @@ def guarded(hook: Callable) -> Callable:
         try:
             hook(self, flow, *args)
         except Blocked as e:
-            self._block(flow, e.block)
+            self._block(flow, e.block, hook.__name__)
         except Exception as e:  # noqa: BLE001 - fail closed on anything
             # The exception text may quote data from the flow: log its type only.
             log.error("keyveil: internal error in %s (%s); the flow is blocked", hook.__name__, type(e).__name__)
-            self._block(flow, Block("internal_error", f"keyveil hit an internal error ({type(e).__name__}); the request was not forwarded"))
+            block = Block("internal_error", f"keyveil hit an internal error ({type(e).__name__}); the flow was not forwarded")
+            self._block(flow, block, hook.__name__)
 
     return wrapper
 
 
 class KeyveilInjector:
-    """The last addon in the chain: puts values into WebSocket messages.
+    """The last addon in the chain: puts the values in, just before sending.
 
-    mitmproxy sends a message once every addon's hook has run, and the dumper
-    and web view read it in theirs; keyveil's own hook leaves the message
-    sealed for them, and this addon, added after all of them, injects.
+    mitmproxy sends a request (or WebSocket message) once every addon's hook
+    has run, and other addons (dumper, web view, save) read flows in theirs.
+    keyveil's own hooks leave the flow sealed for them; this addon, added
+    after all of them, writes the injected version last.
     """
 
     def __init__(self) -> None:
-        self.pending: dict[int, bytes] = {}
-        self.sent: dict[str, list] = {}
+        self.pending: dict[str, Callable[[], None]] = {}
+        self.pending_ws: dict[int, bytes] = {}
+        self.sent_ws: dict[str, list] = {}
+
+    def _inject(self, flow: http.HTTPFlow) -> None:
+        write = self.pending.pop(flow.id, None)
+        if write is None or flow.response or flow.error:
+            return
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - the sealed request must not go out half-written
+            log.error("keyveil: could not inject (%s); the flow is blocked", type(e).__name__)
+            flow.response = _block_response(Block("internal_error", "keyveil could not inject the values"), "")
+
+    requestheaders = _inject
+    request = _inject
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         message = flow.websocket.messages[-1]
-        data = self.pending.pop(id(message), None)
+        data = self.pending_ws.pop(id(message), None)
         if data is not None and not message.dropped:
             message.content = data
-            self.sent.setdefault(flow.id, []).append(message)
+            self.sent_ws.setdefault(flow.id, []).append(message)
 
 
 class Keyveil:
     def __init__(self) -> None:
         self._late = KeyveilInjector()
         self._original_headers: dict[str, tuple] = {}
+        self._sealed: dict[str, tuple] = {}
         self.embedded = False  # set by `keyveil start`, which maps errors to exit codes itself
         self._running = False
         self.engine: Engine | None = None
@@ -180,6 +197,19 @@ class Keyveil:
         except ValueError:
             flow.response = _block_response(Block("host_mismatch", "the CONNECT target is not a valid host name"), "")
 
+    def tls_clienthello(self, data) -> None:
+        """Passthrough hosts (rules `passthrough:`) are not intercepted at all."""
+        try:
+            if self.engine is None:
+                return
+            address = data.context.server.address
+            host = data.client_hello.sni or (address[0] if address else None)
+            port = address[1] if address else 443
+            if host and self.engine.rules.is_passthrough(normalize_host(host), port):
+                data.ignore_connection = True
+        except Exception as e:  # noqa: BLE001 - when unsure, intercept (and so inspect)
+            log.error("keyveil: passthrough check failed (%s); intercepting", type(e).__name__)
+
     def client_disconnected(self, client) -> None:
         self._tunnels.pop(client.id, None)
 
@@ -238,25 +268,31 @@ class Keyveil:
             req.headers.fields = sealed
 
     def _stream_request(self, flow: http.HTTPFlow, engine: Engine, host: str, port: int) -> None:
-        """A body too large to inspect whole goes through the stream sealer (never skipped)."""
+        """A body too large to inspect whole goes through the stream sealer (never skipped).
+
+        The body is decoded and sealed on the way, so it goes out uncompressed
+        and of a new length: Content-Encoding and Content-Length are dropped.
+        """
         req = flow.request
+        ce = req.headers.get("content-encoding", "")
+        decoder = _decoder(ce)
+        if decoder is None:
+            if engine.policy.undecodable_body == "block":
+                raise Blocked(_undecodable(ce, host))
+            decoder = _Identity()
+            dropped = {b"content-length"}
+        else:
+            dropped = {b"content-length", b"content-encoding"}
         outcome = engine.process_request(self._to_request(flow, host, port, body=None))
         if outcome.block:
             raise Blocked(outcome.block)
-        self._apply(flow, outcome)
-        decoder = _decoder(req.headers.get("content-encoding", ""))
-        if decoder is None:
-            if engine.policy.undecodable_body == "block":
-                raise Blocked(_undecodable(req.headers.get("content-encoding", ""), host))
-            decoder = _Identity()
-        else:
-            req.headers.pop("content-encoding", None)
-        req.headers.pop("content-length", None)
-        if req.http_version == "HTTP/1.1":
-            req.headers["transfer-encoding"] = "chunked"
-        stream = engine.sealer.stream()
+        for version in {id(r): r for r in (outcome.request, outcome.sealed_request) if r is not None}.values():
+            version.headers = [(k, v) for k, v in version.headers if k.lower() not in dropped]
+            if req.http_version == "HTTP/1.1" and not any(k.lower() == b"transfer-encoding" for k, _ in version.headers):
+                version.headers.append((b"transfer-encoding", b"chunked"))
+        self._apply(flow, outcome, None, None)
         flow.metadata[_META]["streamed"] = True
-        flow.request.stream = self._stream_callable(flow, decoder, stream, "request")
+        flow.request.stream = self._stream_callable(flow, decoder, engine.sealer.stream(), "request")
 
     def _stream_callable(self, flow: http.HTTPFlow, decoder, stream: StreamSealer, direction: str):
         def seal_chunk(chunk: bytes) -> bytes:
@@ -292,7 +328,7 @@ class Keyveil:
         outcome = engine.process_request(self._to_request(flow, host, port, body))
         if outcome.block:
             raise Blocked(outcome.block)
-        self._apply(flow, outcome, encoding_name)
+        self._apply(flow, outcome, body, encoding_name)
 
     def _decoded_body(self, flow: http.HTTPFlow, engine: Engine, host: str) -> tuple[bytes | None, str | None]:
         raw = flow.request.raw_content
@@ -313,8 +349,7 @@ class Keyveil:
 
     def _to_request(self, flow: http.HTTPFlow, host: str, port: int, body: bytes | None) -> Request:
         req = flow.request
-        target = req.path.encode("latin-1", "surrogateescape") if isinstance(req.path, str) else req.path
-        path, sep, query = target.partition(b"?")
+        path, sep, query = req.data.path.partition(b"?")
         return Request(
             method=req.method,
             scheme=req.scheme,
@@ -327,26 +362,39 @@ class Keyveil:
             content_type=req.headers.get("content-type", ""),
         )
 
-    def _apply(self, flow: http.HTTPFlow, outcome: Outcome, encoding_name: str | None = None) -> None:
-        new = outcome.request
+    def _apply(self, flow: http.HTTPFlow, outcome: Outcome, body: bytes | None, encoding_name: str | None) -> None:
+        """Write the sealed request now and the injected one from the last addon.
+
+        BODY is the decoded body as received: where a version of the request
+        carries it unchanged, the raw bytes as received go out (byte for byte).
+        """
+        raw = flow.request.raw_content
+        sealed = outcome.sealed_request or outcome.request
+        self._write(flow, sealed, body, raw, encoding_name)
+        if outcome.injected:
+            final = outcome.request
+            self._late.pending[flow.id] = functools.partial(self._write, flow, final, body, raw, encoding_name)
+            self._sealed[flow.id] = (sealed, body, raw, encoding_name)
+        self._report(flow, outcome)
+
+    @staticmethod
+    def _write(
+        flow: http.HTTPFlow, new: Request, body: bytes | None, raw: bytes | None, encoding_name: str | None
+    ) -> None:
         req = flow.request
-        meta = flow.metadata[_META]
-        # What the flow keeps after sending is the sealed request (SPEC §6.5).
-        meta["reseal"] = bool(outcome.injected or outcome.sealed)
         target = new.path + (b"?" + new.query if new.query is not None else b"")
-        if target.decode("latin-1") != req.path:
-            req.path = target.decode("latin-1")
+        if target != req.data.path:
+            req.data.path = target
         fields = tuple(new.headers)
         if fields != tuple(req.headers.fields):
             req.headers.fields = fields
-        if outcome.body_changed and new.body is not None:
-            if encoding_name:
-                req.raw_content = encoding.encode(new.body, encoding_name)
-            else:
-                req.raw_content = new.body
-            if "content-length" in req.headers:
-                req.headers["content-length"] = str(len(req.raw_content))
-        self._report(flow, outcome)
+        if new.body is None or body is None:
+            return
+        content = raw if new.body == body else (encoding.encode(new.body, encoding_name) if encoding_name else new.body)
+        if content != req.raw_content:
+            req.raw_content = content
+        if "content-length" in req.headers and req.headers["content-length"] != str(len(content)):
+            req.headers["content-length"] = str(len(content))
 
     # -- responses ------------------------------------------------------------
 
@@ -405,7 +453,6 @@ class Keyveil:
                 self._record(flow, "scrubbed", result.counts)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        self._original_headers.pop(flow.id, None)
         try:
             self._reseal_request(flow)
         except Exception as e:  # noqa: BLE001
@@ -413,9 +460,11 @@ class Keyveil:
 
     def _reseal_request(self, flow: http.HTTPFlow) -> None:
         """Once the request is on the wire, the stored flow goes back to references."""
-        meta = flow.metadata.get(_META)
-        if meta and meta.pop("reseal", False) and self.engine is not None:
-            self._seal_stored_request(flow)
+        self._late.pending.pop(flow.id, None)
+        self._original_headers.pop(flow.id, None)
+        saved = self._sealed.pop(flow.id, None)
+        if saved is not None:
+            self._write(flow, *saved)
 
     # -- WebSockets -------------------------------------------------------------
 
@@ -444,7 +493,7 @@ class Keyveil:
             if data != sealed:
                 # Others (dumper, view) read the message after this hook: they see
                 # it sealed; the late injector puts the value in just before it is sent.
-                self._late.pending[id(message)] = data
+                self._late.pending_ws[id(message)] = data
             self._report(flow, outcome)
         else:
             result = engine.sealer.scrub(message.content)
@@ -459,16 +508,31 @@ class Keyveil:
             log.error("keyveil: could not reseal WebSocket messages (%s)", type(e).__name__)
 
     def _reseal_ws(self, flow: http.HTTPFlow) -> None:
-        for message in self._late.sent.pop(flow.id, ()):
+        for message in self._late.sent_ws.pop(flow.id, ()):
             message.content = self.engine.sealer.seal(message.content).data
 
     # -- blocking, audit, flow marks ----------------------------------------------
 
-    def _block(self, flow: http.HTTPFlow, block: Block) -> None:
+    def _block(self, flow: http.HTTPFlow, block: Block, phase: str = "request") -> None:
         host = flow.metadata.get(_META, {}).get("host") or _safe_host(flow)
         self._audit_block(flow, block)
         log.warning("keyveil: blocked %s %s: %s", flow.request.method, host, block.code)
-        flow.response = _block_response(block, host)
+        self._late.pending.pop(flow.id, None)
+        self._sealed.pop(flow.id, None)
+        self._original_headers.pop(flow.id, None)
+        if phase == "responseheaders" and flow.response is not None:
+            # The upstream body is still coming: answer with the block instead,
+            # and drop every byte of it.
+            body = _block_response(block, host).content or b""
+            _turn_into_block(flow.response, block, host)
+            flow.response.stream = _discard_then(body)
+        elif phase == "response" and flow.response is not None:
+            flow.response = _block_response(block, host)
+        elif phase.startswith("websocket"):
+            if flow.killable:
+                flow.kill()
+        else:
+            flow.response = _block_response(block, host)
         flow.metadata.setdefault(_META, {})["blocked"] = block.code
         flow.marked = ":no_entry:"
         flow.comment = f"keyveil: blocked ({block.code})"
@@ -480,10 +544,7 @@ class Keyveil:
         sealer = self.engine.sealer
         req = flow.request
         req.headers.fields = tuple((k, sealer.seal(v).data) for k, v in req.headers.fields)
-        path = req.path.encode("latin-1", "surrogateescape")
-        sealed_path = sealer.seal(path).data
-        if sealed_path is not path:
-            req.path = sealed_path.decode("latin-1")
+        req.data.path = sealer.seal(req.data.path).data
         if req.raw_content:
             try:
                 ce = req.headers.get("content-encoding", "").strip().lower()
@@ -510,9 +571,10 @@ class Keyveil:
         meta = flow.metadata.setdefault(_META, {})
         host = meta.get("host") or _safe_host(flow)
         if self.audit is not None:
-            path = flow.request.path.split("?", 1)[0]
+            path = flow.request.data.path.split(b"?", 1)[0]
             if self.engine is not None:
-                path = self.engine.sealer.seal(path.encode("latin-1", "surrogateescape")).data.decode("latin-1")
+                path = self.engine.sealer.seal(path).data
+            path = path.decode("utf-8", "replace")
             client = flow.client_conn.peername
             self.audit.write(
                 flow=flow.id,
