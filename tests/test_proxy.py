@@ -346,7 +346,8 @@ def test_stream_large_bodies_never_skips_sealing(kv, upstream, tmp_path):
     pat = kv.values["github/pat"]
 
     def chunks():
-        yield b'{"a": "' + b"y" * 5000
+        yield b"{"  # held back whole by the sealer: must not end the chunked upload
+        yield b'"a": "' + b"y" * 5000
         yield pat[:7]
         yield pat[7:] + b'", "b": "' + b"z" * 20000 + b'"}'
 
@@ -381,3 +382,13 @@ def test_passthrough_host_is_not_intercepted(upstream, tmp_path):
         )
     assert ok.returncode == 0, ok.stderr  # trusted with the upstream's CA: not intercepted
     assert intercepted.returncode != 0  # keyveil's certificate, unknown to this CA bundle
+
+
+def test_scrubbed_responses_keep_the_connection_alive(proxy, up):
+    """Scrubbing may change a body's length; HTTP/1.1 framing must stay reusable (chunked)."""
+    up.set_response("/respond", 200, {"content-type": "text/plain", "content-length": "5"}, [b"hello"], 0)
+    url = "https://api.github.com/respond"
+    r = curl(proxy, "--http1.1", "-w", " connects=%{num_connects}\n", url, url, url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(b"hello") == 3
+    assert r.stdout.count(b"connects=0") == 2, r.stdout  # the 2nd and 3rd reuse the connection

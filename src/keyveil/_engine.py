@@ -24,6 +24,8 @@ from ._references import format_reference
 # A base64 form is checked with the group before it and the group after it.
 _GROUP = 4
 _MAX_NESTING = 2  # base64 inside base64 inside the body; deeper is not decoded
+_PREFIX = 8  # every form is at least this long (values ≥ 8 bytes; base64 middles ≥ 8 chars)
+_CONFIRM = 16  # forms this long are confirmed by a dict lookup on their first bytes
 _B64_TAIL = re.compile(rb"[A-Za-z0-9+/_-]*(={0,2})")
 
 #: Callable returning byte spans of a buffer that must not be changed
@@ -67,41 +69,51 @@ class Sealer:
                 vals = values[name]
                 chosen = vals[:1] if generation == 0 else vals[1:]
                 ref = format_reference(name).encode("ascii")
+                replacements = {True: percent_reference(ref, True), False: percent_reference(ref, False)}
                 for value in chosen:
                     for form in forms_of(value):
                         if form.pattern in patterns:
                             continue
-                        if form.kind is Kind.PERCENT:
-                            replacement = percent_reference(ref, form.upper_hex)
-                        else:
-                            replacement = ref
+                        replacement = replacements[form.upper_hex] if form.kind is Kind.PERCENT else ref
                         patterns[form.pattern] = _Entry(name, form, value, replacement)
         self._entries = list(patterns.values())
         self.names = frozenset(values)
-        self._automaton = (
-            ahocorasick_rs.BytesAhoCorasick(
-                list(patterns), matchkind=ahocorasick_rs.MatchKind.LeftmostLongest
-            )
-            if patterns
-            else None
-        )
+        self._build_matcher(list(patterns))
         # How much of a stream may have to wait for its next chunk, and which
         # bytes can take part in a form at all (a chunk ending in any other
         # byte can be released whole: SSE events are not delayed).
-        self.max_region = max(
-            (
-                len(e.form.pattern) + (2 * _GROUP if e.form.kind is Kind.B64 else 0)
-                for e in self._entries
-            ),
-            default=0,
-        )
-        alphabet = set()
-        for pattern in patterns:
-            alphabet.update(pattern)
-        if any(e.form.kind is Kind.B64 for e in self._entries):  # the whole run may matter
+        self.has_base64 = any(e.form.kind is Kind.B64 for e in self._entries)
+        self.max_region = max(map(len, patterns), default=0) + (2 * _GROUP if self.has_base64 else 0)
+        alphabet = set(b"".join(patterns))
+        if self.has_base64:  # the whole run around a base64 form may matter
             alphabet.update(B64_RUN_CHARS + b"=")
         self._alphabet = bytes(sorted(alphabet))
-        self.has_base64 = any(e.form.kind is Kind.B64 for e in self._entries)
+
+    def _build_matcher(self, patterns: list[bytes]) -> None:
+        """A DFA over the first bytes of every form finds candidates; a dict confirms them.
+
+        Every form is at least _PREFIX bytes long. The prefixes are few (forms of
+        one value share them) and short, so their DFA builds fast and scans at
+        the same speed for ten values or ten thousand; a full-form automaton
+        either builds slowly (DFA) or scans slowly (NFA) at that size.
+        """
+        self._long: dict[bytes, list[tuple[bytes, int]]] = {}
+        self._short: dict[bytes, list[tuple[bytes, int]]] = {}
+        for index, pattern in enumerate(patterns):
+            if len(pattern) >= _CONFIRM:
+                self._long.setdefault(pattern[:_CONFIRM], []).append((pattern, index))
+            else:
+                self._short.setdefault(pattern[:_PREFIX], []).append((pattern, index))
+        for bucket in (*self._long.values(), *self._short.values()):
+            bucket.sort(key=lambda item: -len(item[0]))  # longest first: leftmost-longest
+        prefixes = list({p[:_PREFIX] for p in patterns})
+        self._candidates = (
+            ahocorasick_rs.BytesAhoCorasick(
+                prefixes, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
+            )
+            if prefixes
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"<Sealer names={len(self.names)} forms={len(self._entries)}>"
@@ -112,9 +124,25 @@ class Sealer:
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(entry, start, end) of every form in DATA, leftmost-longest, not overlapping."""
-        if self._automaton is None:
+        if self._candidates is None:
             return []
-        return self._automaton.find_matches_as_indexes(data)
+        hits = self._candidates.find_matches_as_indexes(data, overlapping=True)
+        if not hits:
+            return []
+        found = []
+        pos = 0
+        for start in sorted({start for _, start, _ in hits}):
+            if start < pos:
+                continue
+            for pattern, index in (
+                *self._long.get(data[start : start + _CONFIRM], ()),
+                *self._short.get(data[start : start + _PREFIX], ()),
+            ):
+                if data.startswith(pattern, start):
+                    pos = start + len(pattern)
+                    found.append((index, start, pos))
+                    break
+        return found
 
     def seal(self, data: bytes, protect: Protect | None = None, _depth: int = 0) -> SealResult:
         """Seal a whole buffer. DATA comes back as the same object when nothing is found.

@@ -87,6 +87,8 @@ def json_forms(value: bytes) -> set[bytes]:
         return set()
     if _JSON_PLAIN.fullmatch(text):
         return {value}  # nothing any encoder would escape: the raw form covers it
+    if text.isascii():  # the usual case: one C-speed translate per encoder style
+        return {text.translate(table).encode("ascii") for table in _JSON_ASCII_TABLES}
     forms = set()
     for slash, html, ascii_only, upper, short in itertools.product(
         (False, True), (frozenset(), _HTML_SAFE, _HTML_SAFE_GSON), (False, True), (False, True), (True, False)
@@ -97,6 +99,17 @@ def json_forms(value: bytes) -> set[bytes]:
             )
         )
     return forms
+
+
+_JSON_ASCII_TABLES = tuple(
+    {
+        c: _json_escape(chr(c), slash=slash, html=html, ascii_only=True, upper=upper, short=short)
+        for c in range(128)
+    }
+    for slash, html, upper, short in itertools.product(
+        (False, True), (frozenset(), _HTML_SAFE, _HTML_SAFE_GSON), (False, True), (True, False)
+    )
+)
 
 
 # The sets of characters common encoders leave alone, besides letters and digits.
@@ -113,18 +126,35 @@ def percent_forms(value: bytes) -> dict[bytes, bool]:
     """Percent-encodings of VALUE by common encoders → whether the hex is upper case."""
     if _PERCENT_PLAIN.fullmatch(value):
         return {value: True}
+    text = value.decode("latin-1")  # one char per byte, so a table per encoder applies
     forms: dict[bytes, bool] = {}
-    for safe in _PERCENT_SAFE:
-        for plus in (False, True):
-            encoded = quote_plus(value, safe=safe) if plus else quote(value, safe=safe)
-            forms.setdefault(encoded.encode("ascii"), True)
-            forms.setdefault(_lower_hex(encoded).encode("ascii"), False)
+    for table, upper in _PERCENT_TABLES:
+        forms.setdefault(text.translate(table).encode("ascii"), upper)
     return forms
+
+
+def _percent_table(safe: str, plus: bool, upper: bool) -> dict[int, str]:
+    table = {}
+    for b in range(256):
+        encoded = (quote_plus if plus else quote)(bytes([b]), safe=safe)
+        table[b] = encoded if upper else _lower_hex(encoded)
+    return table
 
 
 def _lower_hex(text: str) -> str:
     parts = text.split("%")
     return parts[0] + "".join("%" + p[:2].lower() + p[2:] for p in parts[1:])
+
+
+_PERCENT_TABLES = tuple(
+    (_percent_table(safe, plus, upper), upper)
+    for upper in (True, False)
+    for safe in _PERCENT_SAFE
+    for plus in (False, True)
+)
+
+
+_REFERENCE_TABLES = {upper: _percent_table("-._~", False, upper) for upper in (True, False)}
 
 
 def base64_forms(value: bytes) -> list[Form]:
@@ -169,8 +199,8 @@ def forms_of(value: bytes) -> list[Form]:
 
 def percent_reference(reference: bytes, upper: bool) -> bytes:
     """REFERENCE percent-encoded the way it replaces a percent-encoded value."""
-    encoded = quote(reference, safe="")
-    return (encoded if upper else _lower_hex(encoded)).encode("ascii")
+    table = _REFERENCE_TABLES[upper]  # quote(reference, safe=""), in that hex case
+    return reference.decode("ascii").translate(table).encode("ascii")
 
 
 def b64encode(data: bytes, urlsafe: bool) -> bytes:

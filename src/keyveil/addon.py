@@ -321,15 +321,18 @@ class Keyveil:
         flow.request.stream = self._stream_callable(flow, decoder, engine.sealer.stream(), "request")
 
     def _stream_callable(self, flow: http.HTTPFlow, decoder, stream: StreamSealer, direction: str):
-        def seal_chunk(chunk: bytes) -> bytes:
+        def seal_chunk(chunk: bytes) -> list[bytes]:
+            # A list, never b"": mitmproxy writes an empty bytes chunk as an
+            # empty HTTP/1 chunk, which ends a chunked body early.
             try:
                 if chunk:
-                    return stream.feed(decoder.feed(chunk))
+                    out = stream.feed(decoder.feed(chunk))
+                    return [out] if out else []
                 out = stream.feed(decoder.flush(), final=True)
                 if stream.counts:
                     action = "sealed" if direction == "request" else "scrubbed"
                     self._record(flow, action, stream.counts)
-                return out
+                return [out] if out else []
             except Exception as e:
                 # Raising tears the connection down: the rest never leaves unsealed.
                 log.error("keyveil: %s stream of %s aborted (%s)", direction, flow.request.pretty_host, type(e).__name__)
@@ -449,12 +452,16 @@ class Keyveil:
         if decoder is None:
             block = _undecodable(ce, flow.metadata[_META]["host"], response=True)
             self._audit_block(flow, block)
+            body = _block_response(block, flow.metadata[_META]["host"]).content or b""
             _turn_into_block(resp, block, flow.metadata[_META]["host"])
-            resp.stream = _discard_then(resp.content or b"")
+            _reframe(flow, resp)
+            resp.stream = _discard_then(body)
             return
+        if flow.request.method == "HEAD" or resp.status_code in (204, 304) or resp.status_code < 200:
+            return  # no body
         if ce not in ("", "identity"):
             resp.headers.pop("content-encoding", None)
-        resp.headers.pop("content-length", None)
+        _reframe(flow, resp)
         resp.stream = self._stream_callable(flow, decoder, engine.sealer.stream(), "response")
 
     @guarded
@@ -553,6 +560,7 @@ class Keyveil:
             # and drop every byte of it.
             body = _block_response(block, host).content or b""
             _turn_into_block(flow.response, block, host)
+            _reframe(flow, flow.response)
             flow.response.stream = _discard_then(body)
         elif phase == "response" and flow.response is not None:
             flow.response = _block_response(block, host)
@@ -685,9 +693,18 @@ def _turn_into_block(resp: http.Response, block: Block, host: str) -> None:
     resp.headers.pop("content-length", None)
 
 
+def _reframe(flow: http.HTTPFlow, resp: http.Response) -> None:
+    """The body's length will change: drop Content-Length, and keep the
+    connection reusable with chunked framing toward an HTTP/1.1 client (with
+    neither, HTTP/1 falls back to closing the connection after every response)."""
+    resp.headers.pop("content-length", None)
+    if flow.request.http_version == "HTTP/1.1" and "transfer-encoding" not in resp.headers:
+        resp.headers["transfer-encoding"] = "chunked"
+
+
 def _discard_then(body: bytes):
-    def discard(chunk: bytes) -> bytes:
-        return body if chunk == b"" else b""
+    def discard(chunk: bytes) -> list[bytes]:
+        return [body] if chunk == b"" and body else []
 
     return discard
 
