@@ -312,33 +312,6 @@ def test_invalid_rules_stop_mitmdump(kv, upstream, tmp_path):
     assert f"{bad}:4" in p.output()
 
 
-# --- I5: quiet (runs last in this module: greps everything the proxy wrote) -------------------
-
-
-def test_zz_no_value_in_any_output(proxy, up, kv):
-    """Runs last in this module: on top of what earlier tests sent, one of each
-    decision, then every output of the proxy is grepped for every value."""
-    pat = kv.values["github/pat"]
-    up.set_response("/respond", 200, {"x-leak": pat.decode()}, [b"echo " + pat], 0)
-    with client(proxy) as c:
-        c.get("https://api.github.com/respond", headers={"authorization": "Bearer {{secret:github/pat}}"})
-        c.post("https://api.anthropic.com/v1/messages", content=b'{"t": "' + pat + b'"}')
-        c.get("https://api.gitlab.com/x", headers={"authorization": "Bearer " + pat.decode()})
-    time.sleep(0.5)
-    proxy.stop()
-    outputs = [proxy.output().encode(), proxy.flowfile.read_bytes()]
-    outputs += [p.read_bytes() for p in (kv.home / "audit").glob("*.jsonl")]
-    outputs += kv.outputs
-    assert any(b"keyveil" in o for o in outputs)
-    assert len(proxy.flowfile.read_bytes()) > 1000
-    for data in outputs:
-        for form in kv.forms():
-            assert form not in data
-    audit = [json.loads(line) for p in (kv.home / "audit").glob("*.jsonl") for line in p.read_text().splitlines()]
-    assert {"sealed", "injected", "scrubbed", "blocked"} <= {a["action"] for a in audit}
-    assert all(set(a) == {"ts", "flow", "client", "method", "host", "path", "action", "names", "counts", "code"} for a in audit)
-
-
 def test_stream_large_bodies_never_skips_sealing(kv, upstream, tmp_path):
     """With mitmproxy's stream_large_bodies, a chunked upload of unknown size is
     switched to raw streaming after the headers hook: keyveil must stream it itself."""
@@ -392,3 +365,30 @@ def test_scrubbed_responses_keep_the_connection_alive(proxy, up):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count(b"hello") == 3
     assert r.stdout.count(b"connects=0") == 2, r.stdout  # the 2nd and 3rd reuse the connection
+
+
+# --- I5: quiet (runs last in this module: greps everything the proxy wrote) -------------------
+
+
+def test_zz_no_value_in_any_output(proxy, up, kv):
+    """Runs last in this module: on top of what earlier tests sent, one of each
+    decision, then every output of the proxy is grepped for every value."""
+    pat = kv.values["github/pat"]
+    up.set_response("/respond", 200, {"x-leak": pat.decode()}, [b"echo " + pat], 0)
+    with client(proxy) as c:
+        c.get("https://api.github.com/respond", headers={"authorization": "Bearer {{secret:github/pat}}"})
+        c.post("https://api.anthropic.com/v1/messages", content=b'{"t": "' + pat + b'"}')
+        c.get("https://api.gitlab.com/x", headers={"authorization": "Bearer " + pat.decode()})
+    time.sleep(0.5)
+    proxy.stop()
+    outputs = [proxy.output().encode(), proxy.flowfile.read_bytes()]
+    outputs += [p.read_bytes() for p in (kv.home / "audit").glob("*.jsonl")]
+    outputs += kv.outputs
+    assert any(b"keyveil" in o for o in outputs)
+    assert len(proxy.flowfile.read_bytes()) > 1000
+    for data in outputs:
+        for form in kv.forms():
+            assert form not in data
+    audit = [json.loads(line) for p in (kv.home / "audit").glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert {"sealed", "injected", "scrubbed", "blocked"} <= {a["action"] for a in audit}
+    assert all(set(a) == {"ts", "flow", "client", "method", "host", "path", "action", "names", "counts", "code"} for a in audit)

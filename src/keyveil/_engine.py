@@ -152,17 +152,18 @@ class Sealer:
         alphabet and padding (Basic credentials stay valid Basic credentials).
         """
         result = SealResult(data)
-        # A replacement can expose a form another one was hiding (two values
-        # in one base64 run): scan again until nothing is left, a few times.
+        # Re-encoding a base64 run can expose a form it was hiding (two values
+        # in one run): then scan again, a few times at most. A plain
+        # replacement cannot create a form (no value holds "{{secret:").
         for _ in range(3):
             matches = self.find(result.data)
             if not matches:
                 return result
             spans = protect(result.data) if protect else ()
-            new = self._replace(result.data, matches, spans, result.counts, _depth)
-            if new is result.data:
-                return result
+            new, rescan = self._replace(result.data, matches, spans, result.counts, _depth)
             result.data = new
+            if not rescan:
+                return result
         return result
 
     def _replace(
@@ -172,9 +173,11 @@ class Sealer:
         protected: Sequence[tuple[int, int]],
         counts: Counter[str],
         depth: int,
-    ) -> bytes:
+    ) -> tuple[bytes, bool]:
+        """DATA with MATCHES replaced, and whether a base64 run was re-encoded."""
         out: list[bytes] = []
         pos = 0
+        rescan = False
         for index, start, end in matches:
             if start < pos or _inside(protected, start, end):
                 continue
@@ -191,10 +194,11 @@ class Sealer:
                 region_start, region_end, encoded = region
                 out += (data[pos:region_start], encoded)
                 pos = region_end
+                rescan = True
         if not out:
-            return data
+            return data, False
         out.append(data[pos:])
-        return b"".join(out)
+        return b"".join(out), rescan
 
     def _reseal_run(
         self, data: bytes, start: int, end: int, entry: _Entry, floor: int, depth: int, counts: Counter[str]

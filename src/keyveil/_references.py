@@ -71,10 +71,19 @@ def find_references(data: bytes) -> Iterator[tuple[int, int, str]]:
 
 def find_url_references(data: bytes) -> Iterator[tuple[int, int, str]]:
     """Like find_references, but also recognises percent-encoded references (URLs)."""
-    for m in _URL_REFERENCE_BYTES.finditer(data):
-        name = re.sub(rb"%2[Ff]", b"/", m.group(1)).decode("ascii")
-        if len(name) <= NAME_MAX:
-            yield m.start(), m.end(), name
+    # The pattern starts with an alternation, which `re` would try at every
+    # offset; every reference holds "secret" 2, 4 or 6 bytes in, so look there.
+    pos = 0
+    while (hit := data.find(b"secret", pos)) != -1:
+        pos = hit + 6
+        for back in (2, 4, 6):
+            m = _URL_REFERENCE_BYTES.match(data, hit - back) if hit >= back else None
+            if m is not None:
+                name = re.sub(rb"%2[Ff]", b"/", m.group(1)).decode("ascii")
+                if len(name) <= NAME_MAX:
+                    yield m.start(), m.end(), name
+                pos = m.end()
+                break
 
 
 def contains_reference(data: bytes) -> bool:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,7 @@ _DECODABLE = ("gzip", "deflate", "br", "zstd")
 _ANTHROPIC = ("api.anthropic.com",)
 _OPENAI = ("api.openai.com", "chatgpt.com")
 _META = "keyveil"
+_VAULT_CHECK_SECONDS = 1.0  # how stale the running proxy's view of the vault may be
 
 
 class Blocked(Exception):
@@ -137,6 +139,7 @@ class Keyveil:
         self.audit: AuditLog | None = None
         self._vault = None
         self._vault_fingerprint: str | None = None
+        self._vault_checked = 0.0
         self._tunnels: dict[str, tuple[str, int]] = {}
 
     # -- options and loading ---------------------------------------------------
@@ -205,7 +208,9 @@ class Keyveil:
     def _current_engine(self) -> Engine:
         """The engine, recompiled when the vault changed on disk."""
         assert self.engine is not None
-        if self._vault is not None:
+        now = time.monotonic()
+        if self._vault is not None and now - self._vault_checked >= _VAULT_CHECK_SECONDS:
+            self._vault_checked = now
             fingerprint = self._vault.fingerprint()
             if fingerprint != self._vault_fingerprint:
                 try:

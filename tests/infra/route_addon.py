@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 
 class Route:
+    def __init__(self) -> None:
+        self._original: dict[str, tuple] = {}
+
     def load(self, loader) -> None:
         loader.add_option("route_tls_port", int, 0, "Port of the local TLS upstream for https:// and wss://.")
         loader.add_option("route_plain_port", int, 0, "Port of the local plain-HTTP upstream for http:// and ws://.")
@@ -61,8 +64,21 @@ class Route:
             return
         if tls and server.sni is None:
             server.sni = host
+        self._original[server.id] = server.address
         server.address = (ctx.options.route_host, target_port)
         logger.debug("route: %s:%s -> %s:%s (sni %s)", host, port, ctx.options.route_host, target_port, server.sni)
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        # mitmproxy finds a connection to reuse by its address: give it back
+        # the original one, or every request opens a new upstream connection
+        # (and a client connection stalls after 5). Server refuses a new
+        # address once open; this is the address it was asked for.
+        original = self._original.pop(data.server.id, None)
+        if original is not None:
+            object.__setattr__(data.server, "address", original)
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self._original.pop(data.server.id, None)
 
 
 addons = [Route()]
