@@ -24,8 +24,13 @@ from ._references import format_reference
 # A base64 form is checked with the group before it and the group after it.
 _GROUP = 4
 _MAX_NESTING = 2  # base64 inside base64 inside the body; deeper is not decoded
-_PREFIX = 8  # every form is at least this long (values ≥ 8 bytes; base64 middles ≥ 8 chars)
-_CONFIRM = 16  # forms this long are confirmed by a dict lookup on their first bytes
+_ANCHOR = 8  # every form is at least this long (values ≥ 8 bytes; base64 middles ≥ 8 chars)
+_ANCHOR_SEARCH = 16  # an anchor starts within the first bytes of its form
+# How common a byte is at the start of a window of ordinary text: 0 rare … 4 common.
+_RARITY = bytes(
+    4 if b in b" \n" else 3 if 97 <= b <= 122 else 2 if 65 <= b <= 90 else 1 if 48 <= b <= 57 else 0
+    for b in range(256)
+)
 _B64_TAIL = re.compile(rb"[A-Za-z0-9+/_-]*(={0,2})")
 
 #: Callable returning byte spans of a buffer that must not be changed
@@ -90,28 +95,32 @@ class Sealer:
         self._alphabet = bytes(sorted(alphabet))
 
     def _build_matcher(self, patterns: list[bytes]) -> None:
-        """A DFA over the first bytes of every form finds candidates; a dict confirms them.
+        """A DFA over one short anchor per form finds candidates; a check confirms them.
 
-        Every form is at least _PREFIX bytes long. The prefixes are few (forms of
-        one value share them) and short, so their DFA builds fast and scans at
-        the same speed for ten values or ten thousand; a full-form automaton
-        either builds slowly (DFA) or scans slowly (NFA) at that size.
+        Every form is at least _ANCHOR bytes long. Each form is anchored at the
+        _ANCHOR bytes starting at its rarest byte near the front (a symbol,
+        digit or capital rather than a lower-case letter or a space), so on
+        ordinary text the DFA rarely leaves its start state: it stays small in
+        the cache and scans at about the same speed for ten values or ten
+        thousand. A full-form automaton either builds slowly (DFA) or scans
+        slowly (NFA) at that size.
         """
-        self._long: dict[bytes, list[tuple[bytes, int]]] = {}
-        self._short: dict[bytes, list[tuple[bytes, int]]] = {}
+        anchors: dict[bytes, int] = {}
+        self._by_anchor: list[list[tuple[bytes, int, int]]] = []
         for index, pattern in enumerate(patterns):
-            if len(pattern) >= _CONFIRM:
-                self._long.setdefault(pattern[:_CONFIRM], []).append((pattern, index))
-            else:
-                self._short.setdefault(pattern[:_PREFIX], []).append((pattern, index))
-        for bucket in (*self._long.values(), *self._short.values()):
-            bucket.sort(key=lambda item: -len(item[0]))  # longest first: leftmost-longest
-        prefixes = list({p[:_PREFIX] for p in patterns})
+            window = pattern[: _ANCHOR_SEARCH + _ANCHOR - 1]
+            classes = window.translate(_RARITY)[: len(window) - _ANCHOR + 1]
+            offset = classes.rfind(min(classes))
+            anchor = pattern[offset : offset + _ANCHOR]
+            slot = anchors.setdefault(anchor, len(anchors))
+            if slot == len(self._by_anchor):
+                self._by_anchor.append([])
+            self._by_anchor[slot].append((pattern, offset, index))
         self._candidates = (
             ahocorasick_rs.BytesAhoCorasick(
-                prefixes, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
+                list(anchors), matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
             )
-            if prefixes
+            if anchors
             else None
         )
 
@@ -129,19 +138,19 @@ class Sealer:
         hits = self._candidates.find_matches_as_indexes(data, overlapping=True)
         if not hits:
             return []
+        confirmed = []
+        for slot, at, _ in hits:
+            for pattern, offset, index in self._by_anchor[slot]:
+                start = at - offset
+                if start >= 0 and data.startswith(pattern, start):
+                    confirmed.append((start, -len(pattern), index))
+        confirmed.sort()
         found = []
         pos = 0
-        for start in sorted({start for _, start, _ in hits}):
-            if start < pos:
-                continue
-            for pattern, index in (
-                *self._long.get(data[start : start + _CONFIRM], ()),
-                *self._short.get(data[start : start + _PREFIX], ()),
-            ):
-                if data.startswith(pattern, start):
-                    pos = start + len(pattern)
-                    found.append((index, start, pos))
-                    break
+        for start, negative_length, index in confirmed:
+            if start >= pos:
+                pos = start - negative_length
+                found.append((index, start, pos))
         return found
 
     def seal(self, data: bytes, protect: Protect | None = None, _depth: int = 0) -> SealResult:
