@@ -116,13 +116,18 @@ class Sealer:
             if slot == len(self._by_anchor):
                 self._by_anchor.append([])
             self._by_anchor[slot].append((pattern, offset, index))
-        self._candidates = (
-            ahocorasick_rs.BytesAhoCorasick(
-                list(anchors), matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
+        # Two automata over the same anchors. The first finds whether and
+        # roughly where anchors occur: non-overlapping, so its SIMD prefilter
+        # applies and a body without any value is scanned at memory speed.
+        # Every occurrence starts within one anchor length of one it reports;
+        # the second, overlapping, looks only at those short windows.
+        self._detect = self._candidates = None
+        if anchors:
+            keys = list(anchors)
+            self._detect = ahocorasick_rs.BytesAhoCorasick(keys, matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+            self._candidates = ahocorasick_rs.BytesAhoCorasick(
+                keys, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
             )
-            if anchors
-            else None
-        )
 
     def __repr__(self) -> str:
         return f"<Sealer names={len(self.names)} forms={len(self._entries)}>"
@@ -133,13 +138,18 @@ class Sealer:
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(entry, start, end) of every form in DATA, leftmost-longest, not overlapping."""
-        if self._candidates is None:
+        if self._detect is None:
             return []
-        hits = self._candidates.find_matches_as_indexes(data, overlapping=True)
-        if not hits:
+        first = self._detect.find_matches_as_indexes(data)
+        if not first:
             return []
+        view = memoryview(data)
+        hits = set()
+        for _, at, _ in first:
+            window = view[at : at + 2 * _ANCHOR - 1]
+            hits.update((slot, at + start) for slot, start, _ in self._candidates.find_matches_as_indexes(window, overlapping=True))
         confirmed = []
-        for slot, at, _ in hits:
+        for slot, at in hits:
             for pattern, offset, index in self._by_anchor[slot]:
                 start = at - offset
                 if start >= 0 and data.startswith(pattern, start):

@@ -31,6 +31,7 @@ _ASCII_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\Z")
 _PORT = re.compile(r"[0-9]{1,5}\Z")
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked for the same few hosts on every request
 def normalize_host(host: str) -> str:
     """HOST lowercased, one trailing dot stripped, IDNA-encoded; IP literals canonical.
 

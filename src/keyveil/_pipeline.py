@@ -17,7 +17,7 @@ from urllib.parse import unquote_plus
 
 from ._engine import Sealer
 from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
-from ._references import find_references, find_url_references, format_reference
+from ._references import find_references, find_url_references, format_reference, may_hold_reference
 from ._rules import CompiledRules
 from ._vault import VaultSnapshot
 
@@ -84,6 +84,13 @@ class Outcome:
     provider: bool = False
     #: the request after sealing and before injection: what may be shown or stored
     sealed_request: Request | None = None
+
+
+@dataclass
+class _References:
+    auth: set[str] = field(default_factory=set)
+    anywhere: set[str] = field(default_factory=set)
+    unknown: set[str] = field(default_factory=set)
 
 
 def protected_spans(data: bytes) -> list[tuple[int, int]]:
@@ -165,15 +172,17 @@ class Engine:
                 req = self._restore(req, original, {loc for loc, _ in stray})
 
         # 3. inject where bound
-        self._unknown_references(req, out)
         out.sealed_request = replace(req, headers=list(req.headers))
         try:
             self._inject(req, bound, out)
         except InjectError as e:
             out.block = Block("plaintext_egress", f"{e}; keyveil does not forward it", (e.name,))
             return out
+        # What is left of references after injection, in one pass over the request.
+        refs = self._references(req)
+        out.unknown = refs.unknown
         missing = {n for names in bound.values() for n in names if n not in self.values}
-        missing_used = missing & self._references_in(req, anywhere=True)
+        missing_used = missing & refs.anywhere
         if missing_used:
             name = sorted(missing_used)[0]
             out.block = Block(
@@ -185,8 +194,9 @@ class Engine:
             return out
 
         # 4b. a reference that would be injected but for the scheme
-        insecure = self.rules.blocked_by_scheme(req.host, req.port, req.scheme, req.method, req.path_text)
-        insecure &= self._references_in(req, anywhere=True)
+        insecure = refs.anywhere and self.rules.blocked_by_scheme(
+            req.host, req.port, req.scheme, req.method, req.path_text
+        ) & refs.anywhere
         if insecure:
             name = sorted(insecure)[0]
             out.block = Block(
@@ -199,7 +209,7 @@ class Engine:
 
         # 4c. a reference left where a credential goes, toward a host it is not bound to
         if not out.provider and self.policy.unbound_reference != "pass":
-            left = self._references_in(req, anywhere=self.policy.unbound_reference == "block")
+            left = refs.anywhere if self.policy.unbound_reference == "block" else refs.auth
             if left:
                 name = sorted(left)[0]
                 out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
@@ -247,37 +257,34 @@ class Engine:
                 continue
             out.injected.update(n)
 
-    def _references_in(self, req: Request, anywhere: bool) -> set[str]:
-        """Known names still referenced in auth positions (or ANYWHERE) of REQ."""
-        names: set[str] = set()
+    def _references(self, req: Request) -> _References:
+        """The references in REQ: known names in auth positions, known names
+        anywhere, and unknown names (plain text, reported in the audit log)."""
+        refs = _References()
 
-        def scan(data: bytes, url: bool = False) -> None:
-            if b"secret" in data:
-                finder = find_url_references if url else find_references
-                names.update(n for _, _, n in finder(data) if n in self.names)
+        def scan(data: bytes, auth: bool, url: bool = False) -> None:
+            if not may_hold_reference(data):
+                return
+            for _, _, name in (find_url_references if url else find_references)(data):
+                if name not in self.names:
+                    refs.unknown.add(name)
+                    continue
+                refs.anywhere.add(name)
+                if auth:
+                    refs.auth.add(name)
 
         for k, v in req.headers:
-            if anywhere or is_auth_header(k):
-                scan(v)
-                basic = split_basic(v) if k.lower() == b"authorization" else None
-                if basic:
-                    scan(basic[1])
+            scan(v, is_auth_header(k))
+            if k.lower() == b"authorization" and (basic := split_basic(v)):
+                scan(basic[1], True)
         if req.query is not None:
             for piece in req.query.split(b"&"):
-                key = piece.partition(b"=")[0]
-                if anywhere or _AUTHISH.search(unquote_plus(key.decode("latin-1")).encode("latin-1")):
-                    scan(piece, url=True)
-        if anywhere:
-            scan(req.path, url=True)
-            if req.body is not None:
-                scan(req.body)
-        return names
-
-    def _unknown_references(self, req: Request, out: Outcome) -> None:
-        parts: list[bytes] = [req.path, req.query or b"", *(v for _, v in req.headers), req.body or b""]
-        for part in parts:
-            if b"secret" in part:
-                out.unknown.update(n for _, _, n in find_url_references(part) if n not in self.names)
+                key = unquote_plus(piece.partition(b"=")[0].decode("latin-1"))
+                scan(piece, _AUTHISH.search(key.encode("latin-1")) is not None, url=True)
+        scan(req.path, False, url=True)
+        if req.body is not None:
+            scan(req.body, False)
+        return refs
 
     def _restore(self, req: Request, original: Request, locations: set[str]) -> Request:
         """policy plaintext_elsewhere: allow — forward these locations as they came."""

@@ -7,6 +7,8 @@ knows nothing of values: it never sees one.
 from __future__ import annotations
 
 import re
+
+import ahocorasick_rs
 from collections.abc import Iterator
 
 NAME_MAX = 128
@@ -86,6 +88,11 @@ def find_url_references(data: bytes) -> Iterator[tuple[int, int, str]]:
                 break
 
 
-def contains_reference(data: bytes) -> bool:
-    """Cheap test used before any injection work."""
-    return b"{{secret:" in data or b"secret" in data and _URL_REFERENCE_BYTES.search(data) is not None
+# Every reference, raw or percent-encoded, holds one of these: a SIMD scan for
+# three short literals is many times faster than a search for "secret".
+_MARKERS = ahocorasick_rs.BytesAhoCorasick([b"{secret:", b"Bsecret", b"bsecret"])
+
+
+def may_hold_reference(data: bytes) -> bool:
+    """False when DATA certainly holds no reference (the common case, checked fast)."""
+    return bool(_MARKERS.find_matches_as_indexes(data))
