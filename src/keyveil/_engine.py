@@ -66,6 +66,7 @@ class Sealer:
 
     def __init__(self, values: Mapping[str, Sequence[bytes]]) -> None:
         patterns: dict[bytes, _Entry] = {}
+        shared: dict[bytes, list[_Entry]] = {}
         # Current values claim their patterns before previous ones, and names
         # are taken in sorted order, so a pattern shared by two entries always
         # seals to the same reference.
@@ -78,10 +79,18 @@ class Sealer:
                 for value in chosen:
                     for form in forms_of(value):
                         if form.pattern in patterns:
+                            # A periodic value ("00000000") has the same base64
+                            # pattern at two offsets: keep every reading.
+                            if form.kind is Kind.B64 and patterns[form.pattern].form.kind is Kind.B64:
+                                shared.setdefault(form.pattern, [patterns[form.pattern]]).append(
+                                    _Entry(name, form, value, ref)
+                                )
                             continue
                         replacement = replacements[form.upper_hex] if form.kind is Kind.PERCENT else ref
                         patterns[form.pattern] = _Entry(name, form, value, replacement)
         self._entries = list(patterns.values())
+        index_of = {pattern: i for i, pattern in enumerate(patterns)}
+        self._readings = {index_of[pattern]: tuple(entries) for pattern, entries in shared.items()}
         self.names = frozenset(values)
         self._build_matcher(list(patterns))
         # How much of a stream may have to wait for its next chunk, and which
@@ -128,6 +137,10 @@ class Sealer:
             self._candidates = ahocorasick_rs.BytesAhoCorasick(
                 keys, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
             )
+
+    def readings(self, index: int) -> tuple[_Entry, ...]:
+        """The entries a matched pattern may stand for (several only for base64)."""
+        return self._readings.get(index) or (self._entries[index],)
 
     def __repr__(self) -> str:
         return f"<Sealer names={len(self.names)} forms={len(self._entries)}>"
@@ -208,7 +221,10 @@ class Sealer:
                 continue
             if depth >= _MAX_NESTING:
                 continue
-            region = self._reseal_run(data, start, end, entry, pos, depth, counts)
+            for reading in self.readings(index):
+                region = self._reseal_run(data, start, end, reading, pos, depth, counts)
+                if region is not None:
+                    break
             if region is not None:
                 region_start, region_end, encoded = region
                 out += (data[pos:region_start], encoded)
@@ -325,12 +341,15 @@ class StreamSealer:
                 pos = end
                 self.counts[entry.name] += 1
                 continue
-            region = _seal_groups(data, start, end, entry, pos)
+            for reading in sealer.readings(index):
+                region = _seal_groups(data, start, end, reading, pos)
+                if region is not None:
+                    break
             if region is not None:
                 region_start, region_end, encoded = region
                 out += (data[pos:region_start], encoded)
                 pos = region_end
-                self.counts[entry.name] += 1
+                self.counts[reading.name] += 1
         emit_to = max(emit_to, pos)
         out.append(data[pos:emit_to])
         self._pending = data[emit_to:]

@@ -178,14 +178,26 @@ _URL_TO_STD = bytes.maketrans(b"-_", b"+/")
 
 
 def forms_of(value: bytes) -> list[Form]:
-    """All forms of VALUE, each pattern once, strongest kind first (raw, JSON, percent, base64)."""
-    seen: set[bytes] = set()
+    """All forms of VALUE, strongest kind first (raw, JSON, percent, base64).
+
+    Each pattern comes once, except that a base64 pattern comes once per byte
+    offset it stands for: a periodic value ("00000000") has the same pattern
+    at two offsets, and only decoding tells which one is there.
+    """
+    plain: set[bytes] = set()
+    base64_seen: set[tuple[bytes, int]] = set()
     out: list[Form] = []
 
     def add(form: Form) -> None:
-        if form.pattern and form.pattern not in seen:
-            seen.add(form.pattern)
-            out.append(form)
+        if not form.pattern or form.pattern in plain:
+            return
+        if form.kind is Kind.B64:
+            if (form.pattern, form.offset) in base64_seen:
+                return
+            base64_seen.add((form.pattern, form.offset))
+        else:
+            plain.add(form.pattern)
+        out.append(form)
 
     add(Form(value, Kind.RAW))
     for pattern in sorted(json_forms(value)):
