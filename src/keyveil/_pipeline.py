@@ -94,7 +94,13 @@ class _References:
 
 
 def protected_spans(data: bytes) -> list[tuple[int, int]]:
-    """Spans of vendor-signed fields in a JSON body, which sealing must not touch."""
+    """Spans of vendor-signed fields in a JSON body.
+
+    A vendor-written blob cannot hold a value the vendor never saw, but a long
+    base64 blob can hold a few characters that look like the base64 of one:
+    the sealer leaves base64 forms inside these spans alone. A raw, JSON or
+    percent form found there was not written by the vendor and is sealed.
+    """
     if b"signature" not in data and b"redacted_thinking" not in data and b"encrypted_content" not in data:
         return []
     spans = [m.span() for m in _SIGNED_FIELD.finditer(data)]
@@ -154,8 +160,15 @@ class Engine:
 
         req.path = seal("path", req.path)
         if req.query is not None:
-            req.query = b"&".join(seal(_query_location(p), p) for p in req.query.split(b"&"))
-        req.headers = [(k, seal(_header_location(k, v), v)) for k, v in req.headers]
+            query = b"&".join(seal(_query_location(p), p) for p in req.query.split(b"&"))
+            # A raw value holding '&' spans two pieces: seal the whole string too.
+            req.query = seal("query", query)
+        headers = []
+        for k, v in req.headers:
+            if seal("header-name", k) is not k:
+                continue  # a value used as a header name: the header cannot be sealed, only dropped
+            headers.append((k, seal(_header_location(k, v), v)))
+        req.headers = headers
         if req.body is not None:
             protect = protected_spans if out.provider else None
             req.body = seal("body", req.body, protect)
@@ -292,15 +305,15 @@ class Engine:
             req.path = original.path
         if "body" in locations:
             req.body = original.body
-        if any(loc.startswith("query:") for loc in locations) and original.query is not None:
-            req.query = b"&".join(
-                orig if _query_location(orig) in locations else new
-                for orig, new in zip(original.query.split(b"&"), req.query.split(b"&"), strict=True)
-            )
-        req.headers = [
-            orig if _header_location(*orig) in locations else new
-            for orig, new in zip(original.headers, req.headers, strict=True)
-        ]
+        if "query" in locations or any(loc.startswith("query:") for loc in locations):
+            req.query = original.query
+        if "header-name" in locations or len(req.headers) != len(original.headers):
+            req.headers = list(original.headers)
+        else:
+            req.headers = [
+                orig if _header_location(*orig) in locations else new
+                for orig, new in zip(original.headers, req.headers, strict=True)
+            ]
         return req
 
     # -- messages -------------------------------------------------------------
@@ -376,7 +389,8 @@ def _describe(location: str) -> str:
     kind, _, detail = location.partition(":")
     return {
         "header": f"header {detail}",
-        "query": f"query parameter {detail}",
+        "header-name": "a header name",
+        "query": f"query parameter {detail}" if detail else "the query string",
         "basic_auth": "Basic credentials",
         "path": "the URL path",
         "body": "the body",

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import brotli
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.net import encoding
 from mitmproxy.net.http import url
 
+from . import _codecs
 from ._audit import AuditLog
 from ._engine import StreamSealer
 from ._errors import KeyveilError, VaultUnavailable
@@ -35,14 +35,8 @@ from ._pipeline import STATUS, Block, Engine, Outcome, Request
 from ._rules import load_rules
 from ._vault import open_vault
 
-try:  # Python 3.14 has compression.zstd; mitmproxy depends on the backport before
-    from compression import zstd  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover
-    from backports import zstd  # type: ignore[no-redef]
-
 log = logging.getLogger("keyveil")
 
-_DECODABLE = ("gzip", "deflate", "br", "zstd")
 _ANTHROPIC = ("api.anthropic.com",)
 _OPENAI = ("api.openai.com", "chatgpt.com")
 _META = "keyveil"
@@ -53,6 +47,23 @@ class Blocked(Exception):
     def __init__(self, block: Block) -> None:
         super().__init__(block.code)
         self.block = block
+
+
+def close_connections(flow: http.HTTPFlow) -> None:
+    """Close the client's and the server's connection of FLOW now.
+
+    For what mitmproxy's own kill does not stop: a WebSocket message (the
+    layer never checks for a kill) and a body already streaming. Uses the
+    proxy server's connection handler, as mitmproxy's idle timeout does.
+    """
+    server = ctx.master.addons.get("proxyserver")
+    handler = server.connections.get(flow.client_conn.id) if server is not None else None
+    if handler is None:
+        return
+    for conn in (flow.server_conn, flow.client_conn):
+        io = handler.transports.get(conn)
+        if io is not None and io.handler is not None:
+            io.handler.cancel("keyveil closed the connection")
 
 
 def guarded(hook: Callable) -> Callable:
@@ -122,8 +133,7 @@ class KeyveilUnloaded:
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         flow.websocket.messages[-1].drop()
-        if flow.killable:
-            flow.kill()
+        close_connections(flow)
 
 
 class Keyveil:
@@ -293,7 +303,8 @@ class Keyveil:
             return
         # Addons that show flows as they arrive (mitmweb) read the headers
         # after this hook: they see them sealed; the pipeline gets the originals.
-        sealed = tuple((k, engine.sealer.seal(v).data) for k, v in req.headers.fields)
+        seal = engine.sealer.seal
+        sealed = tuple((seal(k).data, seal(v).data) for k, v in req.headers.fields)
         if sealed != tuple(req.headers.fields):
             self._original_headers[flow.id] = req.headers.fields
             req.headers.fields = sealed
@@ -306,11 +317,11 @@ class Keyveil:
         """
         req = flow.request
         ce = req.headers.get("content-encoding", "")
-        decoder = _decoder(ce)
+        decoder = _codecs.decoder_for(ce)
         if decoder is None:
             if engine.policy.undecodable_body == "block":
                 raise Blocked(_undecodable(ce, host))
-            decoder = _Identity()
+            decoder = _codecs.decoder_for("")
             dropped = {b"content-length"}
         else:
             dropped = {b"content-length", b"content-encoding"}
@@ -343,6 +354,7 @@ class Keyveil:
                 log.error("keyveil: %s stream of %s aborted (%s)", direction, flow.request.pretty_host, type(e).__name__)
                 code = "undecodable_body" if isinstance(e, ValueError) else "internal_error"
                 self._audit_block(flow, Block(code, "stream aborted"))
+                close_connections(flow)  # else the client waits for an answer that never comes
                 # mitmproxy logs what a stream raises: a type name, never data.
                 raise RuntimeError(f"keyveil aborted the {direction} stream ({code})") from None
 
@@ -373,11 +385,10 @@ class Keyveil:
         ce = flow.request.headers.get("content-encoding", "").strip().lower()
         if ce in ("", "identity"):
             return raw, None
-        if ce in _DECODABLE:
-            try:
-                return encoding.decode(raw, ce), ce
-            except ValueError:
-                pass
+        try:
+            return _codecs.decode(raw, ce), ce
+        except ValueError:
+            pass
         if engine.policy.undecodable_body == "block":
             raise Blocked(_undecodable(ce, host))
         # pass: the body goes as it came, but it is still sealed as bytes
@@ -453,7 +464,7 @@ class Keyveil:
             resp.headers.fields = tuple(fields)
             self._record(flow, "scrubbed", counts)
         ce = resp.headers.get("content-encoding", "").strip().lower()
-        decoder = _decoder(ce)
+        decoder = _codecs.decoder_for(ce)
         if decoder is None:
             block = _undecodable(ce, flow.metadata[_META]["host"], response=True)
             self._audit_block(flow, block)
@@ -483,7 +494,7 @@ class Keyveil:
             body, enc = raw, None
             ce = resp.headers.get("content-encoding", "").strip().lower()
             if ce not in ("", "identity"):
-                body = encoding.decode(raw, ce)  # ValueError → guarded → blocked
+                body = _codecs.decode(raw, ce)  # ValueError → guarded → blocked
                 enc = ce
             result = self.engine.sealer.scrub(body)
             if result.changed:
@@ -525,8 +536,7 @@ class Keyveil:
                 message.drop()
                 self._audit_block(flow, outcome.block)
                 log.warning("keyveil: blocked a WebSocket message to %s: %s", host, outcome.block.code)
-                if flow.killable:
-                    flow.kill()
+                close_connections(flow)
                 return
             if sealed != message.content:
                 message.content = sealed
@@ -570,8 +580,9 @@ class Keyveil:
         elif phase == "response" and flow.response is not None:
             flow.response = _block_response(block, host)
         elif phase.startswith("websocket"):
-            if flow.killable:
-                flow.kill()
+            if flow.websocket and flow.websocket.messages:
+                flow.websocket.messages[-1].drop()
+            close_connections(flow)
         else:
             flow.response = _block_response(block, host)
         flow.metadata.setdefault(_META, {})["blocked"] = block.code
@@ -584,12 +595,12 @@ class Keyveil:
     def _seal_stored_request(self, flow: http.HTTPFlow) -> None:
         sealer = self.engine.sealer
         req = flow.request
-        req.headers.fields = tuple((k, sealer.seal(v).data) for k, v in req.headers.fields)
+        req.headers.fields = tuple((sealer.seal(k).data, sealer.seal(v).data) for k, v in req.headers.fields)
         req.data.path = sealer.seal(req.data.path).data
         if req.raw_content:
             try:
                 ce = req.headers.get("content-encoding", "").strip().lower()
-                body = encoding.decode(req.raw_content, ce) if ce not in ("", "identity") else req.raw_content
+                body = _codecs.decode(req.raw_content, ce)
                 result = sealer.seal(body)
                 if result.changed:
                     req.raw_content = result.data
@@ -712,105 +723,3 @@ def _discard_then(body: bytes):
         return [body] if chunk == b"" and body else []
 
     return discard
-
-
-class _Identity:
-    def feed(self, chunk: bytes) -> bytes:
-        return chunk
-
-    def flush(self) -> bytes:
-        return b""
-
-
-class _Zlib:
-    def __init__(self, wbits: int) -> None:
-        self._d = zlib.decompressobj(wbits)
-        self._first = True
-        self._wbits = wbits
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._d.decompress(chunk)
-
-    def flush(self) -> bytes:
-        out = self._d.flush()
-        if not self._d.eof:
-            raise ValueError("truncated compressed body")
-        return out
-
-
-class _Deflate:
-    """HTTP 'deflate' is zlib-wrapped, but some servers send raw deflate."""
-
-    def __init__(self) -> None:
-        self._d = None
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self._d is None:
-            self._buf += chunk
-            if len(self._buf) < 2:
-                return b""
-            wbits = 15 if (self._buf[0] & 0x0F) == 8 and int.from_bytes(self._buf[:2], "big") % 31 == 0 else -15
-            self._d = zlib.decompressobj(wbits)
-            chunk, self._buf = self._buf, b""
-        return self._d.decompress(chunk)
-
-    def flush(self) -> bytes:
-        if self._d is None:
-            if self._buf:
-                raise ValueError("truncated compressed body")
-            return b""
-        out = self._d.flush()
-        if not self._d.eof:
-            raise ValueError("truncated compressed body")
-        return out
-
-
-class _Brotli:
-    def __init__(self) -> None:
-        self._d = brotli.Decompressor()
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._d.process(chunk)
-
-    def flush(self) -> bytes:
-        if not self._d.is_finished():
-            raise ValueError("truncated compressed body")
-        return b""
-
-
-class _Zstd:
-    def __init__(self) -> None:
-        self._d = zstd.ZstdDecompressor()
-        self._parts: list = []
-
-    def feed(self, chunk: bytes) -> bytes:
-        out = []
-        data = chunk
-        while data:
-            out.append(self._d.decompress(data))
-            if self._d.eof:  # concatenated frames
-                data = self._d.unused_data
-                self._d = zstd.ZstdDecompressor()
-            else:
-                data = b""
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        return b""
-
-
-def _decoder(ce: str):
-    ce = ce.strip().lower()
-    if ce in ("", "identity"):
-        return _Identity()
-    if ce == "gzip" or ce == "x-gzip":
-        return _Zlib(16 + zlib.MAX_WBITS)
-    if ce == "deflate":
-        return _Deflate()
-    if ce == "br":
-        return _Brotli()
-    if ce == "zstd":
-        return _Zstd()
-    return None
-
