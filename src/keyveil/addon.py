@@ -141,6 +141,7 @@ class Keyveil:
         self._late = KeyveilInjector()
         self._original_headers: dict[str, tuple] = {}
         self._sealed: dict[str, tuple] = {}
+        self._streams: dict[tuple[str, str], StreamSealer] = {}
         self.embedded = False  # set by `keyveil start`, which maps errors to exit codes itself
         self._running = False
         self.engine: Engine | None = None
@@ -150,6 +151,7 @@ class Keyveil:
         self._vault = None
         self._vault_fingerprint: str | None = None
         self._vault_checked = 0.0
+        self._vault_error: Block | None = None
         self._tunnels: dict[str, tuple[str, int]] = {}
 
     # -- options and loading ---------------------------------------------------
@@ -222,12 +224,16 @@ class Keyveil:
         if self._vault is not None and now - self._vault_checked >= _VAULT_CHECK_SECONDS:
             self._vault_checked = now
             fingerprint = self._vault.fingerprint()
-            if fingerprint != self._vault_fingerprint:
+            if fingerprint != self._vault_fingerprint or self._vault_error is not None:
                 try:
                     self.engine = Engine(self.engine.rules, self._vault.load())
                     self._vault_fingerprint = fingerprint
+                    self._vault_error = None
                 except KeyveilError as e:
-                    raise Blocked(Block("vault_unavailable", f"the vault cannot be read: {e}")) from None
+                    # Until a later check reads it again, every flow is blocked.
+                    self._vault_error = Block("vault_unavailable", f"the vault cannot be read: {e}")
+        if self._vault_error is not None:
+            raise Blocked(self._vault_error)
         return self.engine
 
     # -- connections -----------------------------------------------------------
@@ -337,6 +343,8 @@ class Keyveil:
         flow.request.stream = self._stream_callable(flow, decoder, engine.sealer.stream(), "request")
 
     def _stream_callable(self, flow: http.HTTPFlow, decoder, stream: StreamSealer, direction: str):
+        # Kept until the stream ends, so a stream cut short is still audited (error hook).
+        self._streams[(flow.id, direction)] = stream
         def seal_chunk(chunk: bytes) -> list[bytes]:
             # A list, never b"": mitmproxy writes an empty bytes chunk as an
             # empty HTTP/1 chunk, which ends a chunked body early.
@@ -345,9 +353,7 @@ class Keyveil:
                     out = stream.feed(decoder.feed(chunk))
                     return [out] if out else []
                 out = stream.feed(decoder.flush(), final=True)
-                if stream.counts:
-                    action = "sealed" if direction == "request" else "scrubbed"
-                    self._record(flow, action, stream.counts)
+                self._end_stream(flow, direction)
                 return [out] if out else []
             except Exception as e:
                 # Raising tears the connection down: the rest never leaves unsealed.
@@ -362,9 +368,13 @@ class Keyveil:
 
     @guarded
     def request(self, flow: http.HTTPFlow) -> None:
+        meta = flow.metadata.get(_META)
+        if meta and meta.get("blocked") and self.engine is not None:
+            # Blocked at its headers, its body arrived afterwards: store it sealed.
+            self._seal_stored_request(flow)
+            return
         if flow.response or flow.error or not flow.live:
             return
-        meta = flow.metadata.get(_META)
         if meta is None or meta.get("streamed"):
             return
         engine = self._current_engine()
@@ -503,8 +513,15 @@ class Keyveil:
                     resp.headers["content-length"] = str(len(resp.raw_content))
                 self._record(flow, "scrubbed", result.counts)
 
+    def _end_stream(self, flow: http.HTTPFlow, direction: str) -> None:
+        stream = self._streams.pop((flow.id, direction), None)
+        if stream is not None and stream.counts:
+            self._record(flow, "sealed" if direction == "request" else "scrubbed", stream.counts)
+
     def error(self, flow: http.HTTPFlow) -> None:
         try:
+            for direction in ("request", "response"):
+                self._end_stream(flow, direction)
             self._reseal_request(flow)
         except Exception as e:  # noqa: BLE001
             log.error("keyveil: could not reseal a failed flow (%s)", type(e).__name__)
