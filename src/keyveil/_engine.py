@@ -102,6 +102,10 @@ class Sealer:
         if self.has_base64:  # the whole run around a base64 form may matter
             alphabet.update(B64_RUN_CHARS + b"=")
         self._alphabet = bytes(sorted(alphabet))
+        # A byte no form contains keeps a form from spanning two joined parts;
+        # if every byte is taken (absurd values), anchors are looked up part by part.
+        outside = next((bytes([b]) for b in range(256) if b not in alphabet), None)
+        self._separator = outside if outside is not None else b""
 
     def _build_matcher(self, patterns: list[bytes]) -> None:
         """A DFA over one short anchor per form finds candidates; a check confirms them.
@@ -137,6 +141,18 @@ class Sealer:
             self._candidates = ahocorasick_rs.BytesAhoCorasick(
                 keys, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
             )
+
+    def may_hold_form(self, parts: Iterable[bytes]) -> bool:
+        """False when none of PARTS can hold a form: one scan over all of them.
+
+        Headers come in dozens of short strings; checking them together costs
+        one call instead of one per string, and most requests have no form at all.
+        """
+        if self._detect is None:
+            return False
+        if not self._separator:
+            return any(self._detect.find_matches_as_indexes(part) for part in parts)
+        return bool(self._detect.find_matches_as_indexes(self._separator.join(parts)))
 
     def readings(self, index: int) -> tuple[_Entry, ...]:
         """The entries a matched pattern may stand for (several only for base64)."""

@@ -163,12 +163,13 @@ class Engine:
             query = b"&".join(seal(_query_location(p), p) for p in req.query.split(b"&"))
             # A raw value holding '&' spans two pieces: seal the whole string too.
             req.query = seal("query", query)
-        headers = []
-        for k, v in req.headers:
-            if seal("header-name", k) is not k:
-                continue  # a value used as a header name: the header cannot be sealed, only dropped
-            headers.append((k, seal(_header_location(k, v), v)))
-        req.headers = headers
+        if self.sealer.may_hold_form(part for header in req.headers for part in header):
+            headers = []
+            for k, v in req.headers:
+                if seal("header-name", k) is not k:
+                    continue  # a value used as a header name: the header cannot be sealed, only dropped
+                headers.append((k, seal(_header_location(k, v), v)))
+            req.headers = headers
         if req.body is not None:
             protect = protected_spans if out.provider else None
             req.body = seal("body", req.body, protect)

@@ -310,8 +310,11 @@ class Keyveil:
         # Addons that show flows as they arrive (mitmweb) read the headers
         # after this hook: they see them sealed; the pipeline gets the originals.
         seal = engine.sealer.seal
-        sealed = tuple((seal(k).data, seal(v).data) for k, v in req.headers.fields)
-        if sealed != tuple(req.headers.fields):
+        fields = req.headers.fields
+        if not engine.sealer.may_hold_form(part for field in fields for part in field):
+            return
+        sealed = tuple((seal(k).data, seal(v).data) for k, v in fields)
+        if sealed != tuple(fields):
             self._original_headers[flow.id] = req.headers.fields
             req.headers.fields = sealed
 
@@ -463,13 +466,14 @@ class Keyveil:
         engine = self.engine
         assert engine is not None
         resp = flow.response
-        counts = {}
+        counts: dict[str, int] = {}
         fields = []
-        for k, v in resp.headers.fields:
-            result = engine.sealer.seal(v)
-            for n, c in result.counts.items():
-                counts[n] = counts.get(n, 0) + c
-            fields.append((k, result.data))
+        if engine.sealer.may_hold_form(part for field in resp.headers.fields for part in field):
+            for k, v in resp.headers.fields:
+                result = engine.sealer.seal(v)
+                for n, c in result.counts.items():
+                    counts[n] = counts.get(n, 0) + c
+                fields.append((k, result.data))
         if counts:
             resp.headers.fields = tuple(fields)
             self._record(flow, "scrubbed", counts)
