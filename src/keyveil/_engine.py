@@ -26,6 +26,8 @@ _GROUP = 4
 _MAX_NESTING = 2  # base64 inside base64 inside the body; deeper is not decoded
 _ANCHOR = 8  # every form is at least this long (values ≥ 8 bytes; base64 middles ≥ 8 chars)
 _ANCHOR_SEARCH = 16  # an anchor starts within the first bytes of its form
+_TEDDY_MAX = 64  # literals the SIMD prefilter takes at once
+_GROUPED_MAX = 512  # up to this many anchors, scan in groups the prefilter takes
 # How common a byte is at the start of a window of ordinary text: 0 rare … 4 common.
 _RARITY = bytes(
     4 if b in b" \n" else 3 if 97 <= b <= 122 else 2 if 65 <= b <= 90 else 1 if 48 <= b <= 57 else 0
@@ -134,10 +136,18 @@ class Sealer:
         # applies and a body without any value is scanned at memory speed.
         # Every occurrence starts within one anchor length of one it reports;
         # the second, overlapping, looks only at those short windows.
-        self._detect = self._candidates = None
+        # The prefilter (Teddy) takes at most 64 literals: a few secrets' anchors
+        # are split into groups it can take, each scanned at memory speed; past
+        # a few hundred anchors one automaton is faster than many groups.
+        self._detect: list[ahocorasick_rs.BytesAhoCorasick] = []
+        self._candidates = None
         if anchors:
             keys = list(anchors)
-            self._detect = ahocorasick_rs.BytesAhoCorasick(keys, matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+            size = _TEDDY_MAX if len(keys) <= _GROUPED_MAX else len(keys)
+            self._detect = [
+                ahocorasick_rs.BytesAhoCorasick(keys[i : i + size], matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+                for i in range(0, len(keys), size)
+            ]
             self._candidates = ahocorasick_rs.BytesAhoCorasick(
                 keys, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
             )
@@ -148,11 +158,10 @@ class Sealer:
         Headers come in dozens of short strings; checking them together costs
         one call instead of one per string, and most requests have no form at all.
         """
-        if self._detect is None:
+        if not self._detect:
             return False
-        if not self._separator:
-            return any(self._detect.find_matches_as_indexes(part) for part in parts)
-        return bool(self._detect.find_matches_as_indexes(self._separator.join(parts)))
+        joined = [self._separator.join(parts)] if self._separator else list(parts)
+        return any(d.find_matches_as_indexes(part) for d in self._detect for part in joined)
 
     def readings(self, index: int) -> tuple[_Entry, ...]:
         """The entries a matched pattern may stand for (several only for base64)."""
@@ -167,14 +176,12 @@ class Sealer:
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(entry, start, end) of every form in DATA, leftmost-longest, not overlapping."""
-        if self._detect is None:
-            return []
-        first = self._detect.find_matches_as_indexes(data)
+        first = [at for detect in self._detect for _, at, _ in detect.find_matches_as_indexes(data)]
         if not first:
             return []
         view = memoryview(data)
         hits = set()
-        for _, at, _ in first:
+        for at in first:
             window = view[at : at + 2 * _ANCHOR - 1]
             hits.update((slot, at + start) for slot, start, _ in self._candidates.find_matches_as_indexes(window, overlapping=True))
         confirmed = []
