@@ -246,3 +246,15 @@ def test_unchanged_request_is_the_same_bytes(values):
     out = make_engine(values).process_request(req("example.com", body=body, method="POST"))
     assert out.block is None and not out.body_changed
     assert out.request.body is body
+
+
+def test_bound_secret_without_a_value_blocks_with_a_fix(values):
+    del values["github/pat"]
+    out = make_engine(values).process_request(
+        req("api.github.com", headers=[(b"Authorization", b"Bearer {{secret:github/pat}}")])
+    )
+    assert out.block.code == "vault_unavailable" and out.block.status == 502
+    assert "keyveil secret set github/pat" in out.block.message
+    # a name in no rule and no vault is plain text
+    out = make_engine(values).process_request(req("api.github.com", headers=[(b"X-Note", b"{{secret:nobody/knows}}")]))
+    assert out.block is None and out.unknown == {"nobody/knows"}

@@ -91,6 +91,7 @@ class _References:
     auth: set[str] = field(default_factory=set)
     anywhere: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)
+    valueless: set[str] = field(default_factory=set)
 
 
 def protected_spans(data: bytes) -> list[tuple[int, int]]:
@@ -134,6 +135,7 @@ class Engine:
             every.setdefault(name, []).extend(previous)
         self.sealer = Sealer(every)
         self.names = frozenset(every)
+        self.bound_names = frozenset(rules.names())
 
     # -- requests -------------------------------------------------------------
 
@@ -196,7 +198,7 @@ class Engine:
         refs = self._references(req)
         out.unknown = refs.unknown
         missing = {n for names in bound.values() for n in names if n not in self.values}
-        missing_used = missing & refs.anywhere
+        missing_used = missing & refs.valueless
         if missing_used:
             name = sorted(missing_used)[0]
             out.block = Block(
@@ -281,7 +283,8 @@ class Engine:
                 return
             for _, _, name in (find_url_references if url else find_references)(data):
                 if name not in self.names:
-                    refs.unknown.add(name)
+                    # in the rules but not in the vault, or not known at all (plain text)
+                    (refs.valueless if name in self.bound_names else refs.unknown).add(name)
                     continue
                 refs.anywhere.add(name)
                 if auth:
