@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

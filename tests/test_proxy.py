@@ -14,7 +14,6 @@ import subprocess
 import time
 from urllib.parse import quote
 
-import brotli
 import httpx
 import pytest
 import websockets.sync.client

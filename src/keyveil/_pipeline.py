@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus
 
@@ -80,7 +79,6 @@ class Outcome:
     injected: Counter[str] = field(default_factory=Counter)
     unknown: set[str] = field(default_factory=set)
     block: Block | None = None
-    body_changed: bool = False
     provider: bool = False
     #: the request after sealing and before injection: what may be shown or stored
     sealed_request: Request | None = None
@@ -232,7 +230,6 @@ class Engine:
                 return out
 
         out.request = req
-        out.body_changed = req.body is not original.body and req.body != original.body
         return out
 
     def _inject(self, req: Request, bound: dict[str, set[str]], out: Outcome) -> None:
@@ -400,7 +397,3 @@ def _describe(location: str) -> str:
         "body": "the body",
         "websocket": "a WebSocket message",
     }[kind]
-
-
-def names_of(counts: Iterable[str]) -> str:
-    return ", ".join(sorted(set(counts)))

@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from ._engine import StreamSealer
 from ._errors import KeyveilError, VaultUnavailable
 from ._home import Home, default_home
 from ._hosts import normalize_host
-from ._pipeline import STATUS, Block, Engine, Outcome, Request
+from ._pipeline import Block, Engine, Outcome, Request
 from ._rules import load_rules
 from ._vault import open_vault
 
