@@ -366,6 +366,44 @@ def test_scrubbed_responses_keep_the_connection_alive(proxy, up):
     assert r.stdout.count(b"connects=0") == 2, r.stdout  # the 2nd and 3rd reuse the connection
 
 
+def test_flow_in_flight_at_shutdown_is_stored_sealed(kv, upstream, tmp_path):
+    """mitmproxy's save addon writes the flows still in progress when it stops."""
+    import threading
+
+    upstream.reset()
+    # Holds every response at its headers, before keyveil sees them.
+    stall = tmp_path / "stall.py"
+    stall.write_text(
+        "import asyncio\n"
+        "class Stall:\n"
+        "    async def responseheaders(self, flow):\n"
+        "        await asyncio.sleep(30)\n"
+        "addons = [Stall()]\n"
+    )
+    flows = tmp_path / "flows.mitm"
+    p = infra.routed_proxy(
+        upstream, tmp_path / "w", scripts=[stall, infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, env=kv.env, flowfile=flows
+    )
+    with p:
+        def slow_request():
+            try:
+                with client(p) as c:
+                    c.get("https://api.github.com/echo", headers={"authorization": "Bearer {{secret:github/pat}}"})
+            except httpx.HTTPError:
+                pass
+
+        t = threading.Thread(target=slow_request)
+        t.start()
+        upstream.wait_for_requests(1, timeout=10)
+        assert upstream.requests[0].header("authorization") == "Bearer " + kv.values["github/pat"].decode()
+        p.stop()
+        t.join(15)
+    stored = flows.read_bytes()
+    assert b"api.github.com" in stored
+    for form in kv.forms():
+        assert form not in stored
+
+
 # --- I5: quiet (runs last in this module: greps everything the proxy wrote) -------------------
 
 

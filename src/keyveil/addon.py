@@ -208,6 +208,14 @@ class Keyveil:
             ctx.master.shutdown()
 
     def done(self) -> None:
+        # Flows still waiting for their response go back to references before
+        # the save addon writes the flows in progress at shutdown.
+        for flow_id in list(self._sealed):
+            flow, *saved = self._sealed.pop(flow_id)
+            self._write(flow, *saved)
+            if flow.response is not None and self.engine is not None:  # headers not yet scrubbed
+                seal = self.engine.sealer.seal
+                flow.response.headers.fields = tuple((seal(k).data, seal(v).data) for k, v in flow.response.headers.fields)
         if ctx.master.addons.get("keyveilinjector") is self._late:
             ctx.master.addons.remove(self._late)
         if not ctx.master.should_exit.is_set() and ctx.master.addons.get("keyveilunloaded") is None:
@@ -433,7 +441,7 @@ class Keyveil:
         if outcome.injected:
             final = outcome.request
             self._late.pending[flow.id] = functools.partial(self._write, flow, final, body, raw, encoding_name)
-            self._sealed[flow.id] = (sealed, body, raw, encoding_name)
+            self._sealed[flow.id] = (flow, sealed, body, raw, encoding_name)
         self._report(flow, outcome)
 
     @staticmethod
@@ -535,7 +543,7 @@ class Keyveil:
         self._original_headers.pop(flow.id, None)
         saved = self._sealed.pop(flow.id, None)
         if saved is not None:
-            self._write(flow, *saved)
+            self._write(*saved)
 
     # -- WebSockets -------------------------------------------------------------
 
