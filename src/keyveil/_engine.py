@@ -1,9 +1,9 @@
 """The sealer: every form of every value becomes its reference, in one pass.
 
 A ``Sealer`` is compiled once from the vault (current and previous values)
-into a single Aho-Corasick automaton over all forms (SPEC §3), so the cost of
-sealing a buffer is one scan whatever the number of values; work beyond the
-scan happens only where a form was found. ``seal`` works on a whole buffer
+into Aho-Corasick automata over an anchor of every form (SPEC §3), so the
+cost of sealing a buffer is one scan whatever the number of values; work
+beyond the scan happens only where an anchor was found. ``seal`` works on a whole buffer
 (requests); ``StreamSealer`` works on chunks (responses, large bodies) and
 holds back at most one form's length so a value split across chunks is still
 caught. This module never logs, raises or returns a value: only names.
@@ -288,6 +288,19 @@ class Sealer:
         if not padding and len(body) % _GROUP:
             encoded = encoded.rstrip(b"=")
         return group_start, group_start + len(body) + len(padding), encoded
+
+    def seal_fields(self, fields: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[tuple[bytes, bytes], ...], Counter[str]]:
+        """Header fields with names and values sealed, and the counts; one scan when none holds a form."""
+        counts: Counter[str] = Counter()
+        if not self.may_hold_form(part for field in fields for part in field):
+            return tuple(fields), counts
+        sealed = []
+        for name, value in fields:
+            name_result, value_result = self.seal(name), self.seal(value)
+            counts.update(name_result.counts)
+            counts.update(value_result.counts)
+            sealed.append((name_result.data, value_result.data))
+        return tuple(sealed), counts
 
     def stream(self) -> StreamSealer:
         return StreamSealer(self)

@@ -250,20 +250,12 @@ class Engine:
                     pieces.append(piece)
                 req.query = b"&".join(pieces)
             elif location.startswith("header:"):
-                header = location[len("header:") :].encode("latin-1")
-                n = Counter()
-                for i, (k, v) in enumerate(req.headers):
-                    if k.lower() == header:
-                        v, c = inject(v, values, names, for_header, f"header {k.decode('latin-1')}")
-                        req.headers[i] = (k, v)
-                        n += c
+                header = location[len("header:") :]
+                n = _rewrite_headers(
+                    req, header, lambda v: inject(v, values, names, for_header, f"header {header}")  # noqa: B023
+                )
             elif location == "basic_auth":
-                n = Counter()
-                for i, (k, v) in enumerate(req.headers):
-                    if k.lower() == b"authorization":
-                        v, c = inject_basic(v, values, names)
-                        req.headers[i] = (k, v)
-                        n += c
+                n = _rewrite_headers(req, "authorization", lambda v: inject_basic(v, values, names))  # noqa: B023
             elif location == "body" and req.body is not None:
                 req.body, n = inject(req.body, values, names, body_encoder(req.content_type), "the body")
             else:
@@ -321,7 +313,7 @@ class Engine:
 
     def _plaintext_message(self, req: Request, name: str, location: str) -> str:
         where = _describe(location)
-        hint = self.rules.bound_elsewhere_hint(name) if name in self.rules.names() else "nowhere"
+        hint = self.rules.bound_elsewhere_hint(name)
         return (
             f"the request to {req.host} carries the value of {name} in {where}, and {name} is "
             f"not bound there (bound to: {hint}). Use the reference {format_reference(name)} "
@@ -330,7 +322,7 @@ class Engine:
         )
 
     def _unbound_message(self, req: Request, name: str) -> str:
-        hint = self.rules.bound_elsewhere_hint(name) if name in self.rules.names() else "nowhere"
+        hint = self.rules.bound_elsewhere_hint(name)
         return (
             f"{format_reference(name)} is sent to {req.host} where a credential goes, but {name} is "
             f"not bound to {req.host} {req.method} {req.path_text} (bound to: {hint}). If "
@@ -372,6 +364,18 @@ class Engine:
                 name = sorted(left)[0]
                 out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
         return sealed, data, out
+
+
+def _rewrite_headers(req: Request, name: str, rewrite) -> Counter[str]:
+    """Apply REWRITE (value → (value, counts)) to every header called NAME."""
+    counts: Counter[str] = Counter()
+    wanted = name.encode("latin-1")
+    for i, (k, v) in enumerate(req.headers):
+        if k.lower() == wanted:
+            v, c = rewrite(v)
+            req.headers[i] = (k, v)
+            counts += c
+    return counts
 
 
 def _header_location(name: bytes, value: bytes) -> str:

@@ -171,8 +171,6 @@ class Keyveil:
                 print(f"keyveil: {e}", file=sys.stderr, flush=True)
                 os._exit(e.exit_code)
             raise exceptions.OptionsError(f"keyveil: {e}") from None
-        # Bodies are inspected whole up to max_body_bytes; beyond, keyveil
-        # streams them itself (mitmproxy's own streaming would skip sealing).
 
     def _compile(self) -> None:
         home = Home(Path(ctx.options.keyveil_home).expanduser() if ctx.options.keyveil_home else default_home())
@@ -214,8 +212,7 @@ class Keyveil:
             flow, *saved = self._sealed.pop(flow_id)
             self._write(flow, *saved)
             if flow.response is not None and self.engine is not None:  # headers not yet scrubbed
-                seal = self.engine.sealer.seal
-                flow.response.headers.fields = tuple((seal(k).data, seal(v).data) for k, v in flow.response.headers.fields)
+                flow.response.headers.fields = self.engine.sealer.seal_fields(flow.response.headers.fields)[0]
         if ctx.master.addons.get("keyveilinjector") is self._late:
             ctx.master.addons.remove(self._late)
         if not ctx.master.should_exit.is_set() and ctx.master.addons.get("keyveilunloaded") is None:
@@ -316,12 +313,8 @@ class Keyveil:
             return
         # Addons that show flows as they arrive (mitmweb) read the headers
         # after this hook: they see them sealed; the pipeline gets the originals.
-        seal = engine.sealer.seal
-        fields = req.headers.fields
-        if not engine.sealer.may_hold_form(part for field in fields for part in field):
-            return
-        sealed = tuple((seal(k).data, seal(v).data) for k, v in fields)
-        if sealed != tuple(fields):
+        sealed, counts = engine.sealer.seal_fields(req.headers.fields)
+        if counts:
             self._original_headers[flow.id] = req.headers.fields
             req.headers.fields = sealed
 
@@ -344,7 +337,7 @@ class Keyveil:
         outcome = engine.process_request(self._to_request(flow, host, port, body=None))
         if outcome.block:
             raise Blocked(outcome.block)
-        for version in {id(r): r for r in (outcome.request, outcome.sealed_request) if r is not None}.values():
+        for version in filter(None, (outcome.request, outcome.sealed_request)):
             version.headers = [(k, v) for k, v in version.headers if k.lower() not in dropped]
             if req.http_version == "HTTP/1.1" and not any(k.lower() == b"transfer-encoding" for k, _ in version.headers):
                 version.headers.append((b"transfer-encoding", b"chunked"))
@@ -473,27 +466,14 @@ class Keyveil:
         engine = self.engine
         assert engine is not None
         resp = flow.response
-        counts: dict[str, int] = {}
-        fields = []
-        if engine.sealer.may_hold_form(part for field in resp.headers.fields for part in field):
-            for k, v in resp.headers.fields:
-                result = engine.sealer.seal(v)
-                for n, c in result.counts.items():
-                    counts[n] = counts.get(n, 0) + c
-                fields.append((k, result.data))
+        fields, counts = engine.sealer.seal_fields(resp.headers.fields)
         if counts:
-            resp.headers.fields = tuple(fields)
+            resp.headers.fields = fields
             self._record(flow, "scrubbed", counts)
         ce = resp.headers.get("content-encoding", "").strip().lower()
         decoder = _codecs.decoder_for(ce)
         if decoder is None:
-            block = _undecodable(ce, flow.metadata[_META]["host"], response=True)
-            self._audit_block(flow, block)
-            body = _block_response(block, flow.metadata[_META]["host"]).content or b""
-            _turn_into_block(resp, block, flow.metadata[_META]["host"])
-            _reframe(flow, resp)
-            resp.stream = _discard_then(body)
-            return
+            raise Blocked(_undecodable(ce, flow.metadata[_META]["host"], response=True))
         if flow.request.method == "HEAD" or resp.status_code in (204, 304) or resp.status_code < 200:
             return  # no body
         if ce not in ("", "identity"):
@@ -601,10 +581,11 @@ class Keyveil:
         if phase == "responseheaders" and flow.response is not None:
             # The upstream body is still coming: answer with the block instead,
             # and drop every byte of it.
-            body = _block_response(block, host).content or b""
-            _turn_into_block(flow.response, block, host)
-            _reframe(flow, flow.response)
-            flow.response.stream = _discard_then(body)
+            made = _block_response(block, host)
+            resp = flow.response
+            resp.status_code, resp.reason, resp.headers = made.status_code, made.reason, made.headers
+            _reframe(flow, resp)
+            resp.stream = _discard_then(made.content or b"")
         elif phase == "response" and flow.response is not None:
             flow.response = _block_response(block, host)
         elif phase.startswith("websocket"):
@@ -623,7 +604,7 @@ class Keyveil:
     def _seal_stored_request(self, flow: http.HTTPFlow) -> None:
         sealer = self.engine.sealer
         req = flow.request
-        req.headers.fields = tuple((sealer.seal(k).data, sealer.seal(v).data) for k, v in req.headers.fields)
+        req.headers.fields = sealer.seal_fields(req.headers.fields)[0]
         req.data.path = sealer.seal(req.data.path).data
         if req.raw_content:
             try:
@@ -727,14 +708,6 @@ def _block_response(block: Block, host: str) -> http.Response:
         json.dumps(_envelope(block, host)).encode(),
         {"content-type": "application/json", "x-keyveil-block": block.code},
     )
-
-
-def _turn_into_block(resp: http.Response, block: Block, host: str) -> None:
-    made = _block_response(block, host)
-    resp.status_code = made.status_code
-    resp.reason = made.reason
-    resp.headers = made.headers
-    resp.headers.pop("content-length", None)
 
 
 def _reframe(flow: http.HTTPFlow, resp: http.Response) -> None:
