@@ -102,6 +102,18 @@ def make_home(tmp: Path, rules: str = RULES, max_body: int = MAX_BODY) -> Keyvei
     return setup
 
 
+def keyveil_proxy(upstream, workdir, setup: KeyveilSetup, *, before=(), options=None, **kwargs):
+    """A mitmdump running keyveil (after the scripts in BEFORE) on SETUP's home, routed to UPSTREAM."""
+    return infra.routed_proxy(
+        upstream,
+        workdir,
+        scripts=[*before, infra.KEYVEIL_ADDON],
+        options={"keyveil_home": setup.home, **(options or {})},
+        env=setup.env,
+        **kwargs,
+    )
+
+
 @pytest.fixture(scope="session")
 def upstream():
     with infra.Upstream(infra.make_ca()) as up:
@@ -124,13 +136,5 @@ def kv(tmp_path_factory) -> KeyveilSetup:
 def proxy(kv, upstream, tmp_path_factory):
     """mitmdump -s addons/keyveil.py, routed to the local upstream, writing a flow file."""
     work = tmp_path_factory.mktemp("proxy")
-    with infra.routed_proxy(
-        upstream,
-        work,
-        scripts=[infra.KEYVEIL_ADDON],
-        options={"keyveil_home": kv.home},
-        flowfile=work / "flows.mitm",
-        flow_detail=4,
-        env=kv.env,
-    ) as p:
+    with keyveil_proxy(upstream, work, kv, flowfile=work / "flows.mitm", flow_detail=4) as p:
         yield p

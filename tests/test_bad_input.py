@@ -25,7 +25,7 @@ import pytest
 
 from tests import infra
 from tests import leak_corpus as lc
-from tests.conftest import keyveil, make_home
+from tests.conftest import keyveil, keyveil_proxy, make_home
 
 try:  # Python 3.14+
     from compression import zstd  # type: ignore[import-not-found]
@@ -83,15 +83,7 @@ def kv(tmp_path_factory):
 @pytest.fixture(scope="module")
 def proxy(kv, upstream, tmp_path_factory):
     work = tmp_path_factory.mktemp("bad-proxy")
-    with infra.routed_proxy(
-        upstream,
-        work,
-        scripts=[infra.KEYVEIL_ADDON],
-        options={"keyveil_home": kv.home},
-        flowfile=work / "flows.mitm",
-        flow_detail=2,
-        env=kv.env,
-    ) as p:
+    with keyveil_proxy(upstream, work, kv, flowfile=work / "flows.mitm", flow_detail=2) as p:
         yield p
 
 

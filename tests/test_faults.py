@@ -31,7 +31,7 @@ import pytest
 import websockets.sync.client
 
 from tests import infra
-from tests.conftest import base_env, keyveil, make_home
+from tests.conftest import base_env, keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -362,7 +362,7 @@ def test_missing_key_file_stops_mitmdump_and_start_with_exit_2(upstream, tmp_pat
     key = kv.home / "vault" / "key"
     assert key.exists()
     key.unlink()
-    p = infra.routed_proxy(upstream, tmp_path / "w", scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, env=kv.env)
+    p = keyveil_proxy(upstream, tmp_path / "w", kv)
     assert p.wait_exit() == 2, p.output()
     assert str(key) in p.output() and "missing" in p.output()
     r = subprocess.run(
@@ -388,7 +388,7 @@ def test_vault_corrupted_while_running_blocks_then_recovers(upstream, tmp_path):
     pat = kv.values["github/pat"]
     vault = kv.home / "vault" / "vault.json"
     good = vault.read_bytes()
-    with infra.routed_proxy(upstream, tmp_path / "w", scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, flowfile=tmp_path / "flows.mitm", env=kv.env) as p:
+    with keyveil_proxy(upstream, tmp_path / "w", kv, flowfile=tmp_path / "flows.mitm") as p:
         with client(p) as c:
             r = c.get("https://api.github.com/echo", headers={"authorization": "Bearer {{secret:github/pat}}"})
             assert r.status_code == 200
@@ -429,7 +429,7 @@ def test_websocket_message_is_not_sent_when_the_vault_becomes_unreadable(upstrea
     kv = make_home(tmp_path)
     pat, tok = kv.values["github/pat"], kv.values["ws/token"]
     vault = kv.home / "vault" / "vault.json"
-    with infra.routed_proxy(upstream, tmp_path / "w", scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, env=kv.env) as p:
+    with keyveil_proxy(upstream, tmp_path / "w", kv) as p:
         ws_ssl = infra.client_ssl_context(p.ca_cert)
         with websockets.sync.client.connect("wss://ws.test.keyveil/ws", proxy=p.url, ssl=ws_ssl, open_timeout=10) as ws:
             ws.send('{"auth": "{{secret:ws/token}}"}')

@@ -25,7 +25,7 @@ import pytest
 import websockets.sync.client
 
 from tests import infra
-from tests.conftest import RULES, keyveil, make_home
+from tests.conftest import RULES, keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,7 +81,7 @@ def kv(tmp_path_factory):
 @pytest.fixture(scope="module")
 def proxy(kv, hup, tmp_path_factory):
     work = tmp_path_factory.mktemp("hc-proxy")
-    with infra.routed_proxy(hup, work, scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, env=kv.env) as p:
+    with keyveil_proxy(hup, work, kv) as p:
         yield p
 
 
@@ -262,10 +262,7 @@ def test_request_refused_for_host_mismatch_is_not_stored_with_its_value(kv, hup,
     flow file (-w) or the console unsealed."""
     hup.reset()
     pat = kv.values["github/pat"].decode()
-    with infra.routed_proxy(
-        hup, tmp_path / "w", scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home},
-        flowfile=tmp_path / "flows.mitm", flow_detail=4, env=kv.env,
-    ) as p:
+    with keyveil_proxy(hup, tmp_path / "w", kv, flowfile=tmp_path / "flows.mitm", flow_detail=4) as p:
         code, head, body = curl(
             p, "--http1.1", "-H", "Host: evil.example", "-H", f"X-Note: {pat}",
             "-H", "content-type: application/json", "--data-binary", json.dumps({"t": pat}), "https://api.github.com/echo",

@@ -15,7 +15,7 @@ from random import Random
 
 import pytest
 
-from tests import infra
+from tests.conftest import keyveil_proxy
 from tests import leak_corpus as lc
 
 FAST_CASES = 240
@@ -33,15 +33,7 @@ def corpus_kv(tmp_path_factory, seed):
 
 
 def _proxy(upstream, kv, work):
-    return infra.routed_proxy(
-        upstream,
-        work,
-        scripts=[infra.KEYVEIL_ADDON],
-        options={"keyveil_home": kv.home},
-        flowfile=work / "flows.mitm",
-        flow_detail=1,
-        env=kv.env,
-    )
+    return keyveil_proxy(upstream, work, kv, flowfile=work / "flows.mitm", flow_detail=1)
 
 
 def _cases(seed, n, values):

@@ -36,7 +36,7 @@ import pytest
 import websockets.asyncio.client
 
 from tests import infra
-from tests.conftest import keyveil, make_home
+from tests.conftest import keyveil, keyveil_proxy, make_home
 
 REQUEST_TIMEOUT = 60.0
 DECOY = "load/decoy"  # registered, bound nowhere: sent often, must arrive nowhere
@@ -316,7 +316,7 @@ async def drive(load: Load, connections: int, seed: int) -> None:
 # --- fixtures and checks ---------------------------------------------------------------------------
 
 def load_proxy(up, kv, work: Path) -> infra.ProxyProcess:
-    return infra.routed_proxy(up, work, scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, env=kv.env)
+    return keyveil_proxy(up, work, kv)
 
 
 @pytest.fixture(scope="module")

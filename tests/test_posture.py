@@ -19,7 +19,7 @@ import pytest
 
 from keyveil.cli import build_parser
 from tests import infra
-from tests.conftest import base_env, keyveil, make_home
+from tests.conftest import base_env, keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -247,7 +247,7 @@ def warnings_of(output: str) -> list[str]:
 
 
 def run_mitmdump(kv, upstream, work: Path) -> str:
-    with infra.routed_proxy(upstream, work, scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": kv.home}, env=kv.env) as p:
+    with keyveil_proxy(upstream, work, kv) as p:
         pass
     return p.output()
 

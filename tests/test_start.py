@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests import infra
-from tests.conftest import keyveil, make_home
+from tests.conftest import keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -127,7 +127,7 @@ def test_run_returns_the_command_exit_code_and_blocks(setup):
 
 def test_unreadable_vault_stops_mitmdump_with_exit_2(setup, upstream, tmp_path):
     (setup.home / "vault" / "vault.json").write_text('{"format": "keyveil-vault", "garbage": true}')
-    p = infra.routed_proxy(upstream, tmp_path, scripts=[infra.KEYVEIL_ADDON], options={"keyveil_home": setup.home}, env=setup.env)
+    p = keyveil_proxy(upstream, tmp_path, setup)
     assert p.wait_exit() == 2
     assert "vault" in p.output()
     r = keyveil(setup.env, "start", "--listen", f"127.0.0.1:{free_port()}")

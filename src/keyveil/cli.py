@@ -130,7 +130,7 @@ def cmd_secret(args) -> int:
         name = _name(args.name)
         vault.set(name, _read_value(name))
         _out(f"stored {name}; use it as {format_reference(name)}")
-        if not _rules_names(home) or name not in _rules_names(home):
+        if name not in _rules_names(home):
             _out(f"note: {name} is not bound to any host yet; add it under secrets: in {home.rules}")
         return 0
     if args.action == "rm":
