@@ -626,7 +626,8 @@ class Sender:
 
 def _has_reference(data: bytes, name: str) -> bool:
     ref = ("{{secret:" + name + "}}").encode()
-    return ref in data or any(v in data for v in (quote(ref, safe="").encode(), _lower_hex(quote(ref, safe="")).encode()))
+    written = (ref, ref.replace(b"/", b"\\/"), quote(ref, safe="").encode(), _lower_hex(quote(ref, safe="")).encode())
+    return any(v in data for v in written)  # as the carrier wrote the value: `\/` kept
 
 
 def judge(case: Case, res: Result, recs: list, ws_msgs: list, det: Detector) -> list[str]:

@@ -168,7 +168,12 @@ def test_malformed_json_is_sealed_as_bytes_or_blocked(proxy, up, kv, det, shape,
     r = post(proxy, PROVIDER, doc(value_form), headers)
     assert r.status_code == 200
     (rec,) = up.requests
-    assert rec.body == doc(b"{{secret:" + name.encode() + b"}}")
+    # The reference is written the way the carrier wrote the value: a
+    # carrier that escaped its slashes gets `{{secret:gitlab\/token}}`.
+    reference = b"{{secret:" + name.encode() + b"}}"
+    if form == "json_slash":
+        reference = reference.replace(b"/", b"\\/")
+    assert rec.body == doc(reference)
     r = post(proxy, UNBOUND, doc(value_form), headers)
     assert_blocked(r, "plaintext_egress")
     assert len(up.requests) == 1

@@ -1,50 +1,63 @@
-"""The sealer: every form of every value becomes its reference, in one pass.
+"""The sealer: every registered value, however its carrier encoded it, becomes its reference.
 
-A ``Sealer`` is compiled once from the vault (current and previous values)
-into Aho-Corasick automata over an anchor of every form (SPEC §3), so the
-cost of sealing a buffer is one scan whatever the number of values; work
-beyond the scan happens only where an anchor was found. ``seal`` works on a whole buffer
-(requests); ``StreamSealer`` works on chunks (responses, large bodies) and
-holds back at most one form's length so a value split across chunks is still
-caught. This module never logs, raises or returns a value: only names.
+Decode, then match (SPEC §3). A ``Sealer`` is compiled once from the vault
+(current and previous values) into one literal matcher over the values, and
+looks for them in the raw bytes and in the decoded views those bytes call
+for: JSON-unescaped where a relevant ``\\`` escape occurs, percent-decoded
+where a relevant ``%`` escape occurs (and ``+`` as space when a value has a
+space), every base64 run long enough to hold a value — and views of those
+views, up to ``MAX_LAYERS`` deep, in any order. A match in a view maps back
+to the exact original span, which is replaced by the reference written in
+the carrier's encoding (``_views``). A buffer with none of those triggers
+costs one scan of the matcher and a few memchr-speed checks.
+
+``seal`` works on a whole buffer (requests); ``StreamSealer`` works on chunks
+(responses, large bodies). This module never logs, raises or returns a
+value: only names.
 """
 
 from __future__ import annotations
 
+import binascii
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import ahocorasick_rs
-
-from ._forms import B64_RUN_CHARS, Form, Kind, b64decode, b64encode, forms_of, percent_reference
+from ._errors import KeyveilError
+from ._matcher import Matcher
 from ._references import format_reference
-
-# A base64 form is checked with the group before it and the group after it.
-_GROUP = 4
-_MAX_NESTING = 2  # base64 inside base64 inside the body; deeper is not decoded
-_ANCHOR = 8  # every form is at least this long (values ≥ 8 bytes; base64 middles ≥ 8 chars)
-_ANCHOR_SEARCH = 16  # an anchor starts within the first bytes of its form
-_TEDDY_MAX = 64  # literals the SIMD prefilter takes at once
-_GROUPED_MAX = 512  # up to this many anchors, scan in groups the prefilter takes
-# How common a byte is at the start of a window of ordinary text: 0 rare … 4 common.
-_RARITY = bytes(
-    4 if b in b" \n" else 3 if 97 <= b <= 122 else 2 if 65 <= b <= 90 else 1 if 48 <= b <= 57 else 0
-    for b in range(256)
+from ._views import (
+    B64_ALPHABET,
+    Base64View,
+    Edit,
+    JsonView,
+    PercentView,
+    Run,
+    base64_runs,
+    json_unescape,
 )
-_B64_TAIL = re.compile(rb"[A-Za-z0-9+/_-]*(={0,2})")
 
-#: Callable returning byte spans of a buffer that must not be changed
+#: how many layers of encoding are decoded, in any order (SPEC §3 asks for two)
+MAX_LAYERS = 3
+#: a base64 run up to this many characters is decoded from each of its four
+#: character offsets (a prefix like ``/upload/`` can shift it); see _offsets
+SHORT_RUN = 512
+#: a stream holds back at most this much of a base64 run still being written;
+#: past it, the run is sealed group by group (see StreamSealer)
+STREAM_RUN_BOUND = 1 << 20
+_MAX_ROUNDS = 8  # seal, then look again: a base64 run may hide a second value
+# Bytes that take part in the encodings themselves: base64, escapes, line breaks.
+_SYNTAX = frozenset(B64_ALPHABET + b"=\\%+/\r\n")
+
+#: Callable returning byte spans of a buffer whose base64 runs must not be changed
 Protect = Callable[[bytes], Sequence[tuple[int, int]]]
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    name: str
-    form: Form
-    value: bytes
-    replacement: bytes  # for non-base64 forms
+class SealError(KeyveilError):
+    """The sealer could not reach a buffer free of values: the flow must be blocked."""
+
+    exit_code = 2
 
 
 @dataclass(slots=True)
@@ -60,239 +73,154 @@ class SealResult:
 
 
 class Sealer:
-    """Seals every form of every registered value into its reference.
+    """Seals every registered value, in every form of SPEC §3, into its reference.
 
     ``values`` maps a secret name to its values: the current one first, then
     previous ones still retained after a rotation. All are sealed the same way.
     """
 
     def __init__(self, values: Mapping[str, Sequence[bytes]]) -> None:
-        patterns: dict[bytes, _Entry] = {}
-        shared: dict[bytes, list[_Entry]] = {}
-        # Current values claim their patterns before previous ones, and names
-        # are taken in sorted order, so a pattern shared by two entries always
+        owner: dict[bytes, str] = {}
+        # Current values claim their bytes before previous ones, and names
+        # are taken in sorted order, so a value shared by two entries always
         # seals to the same reference.
         for generation in (0, 1):
             for name in sorted(values):
-                vals = values[name]
-                chosen = vals[:1] if generation == 0 else vals[1:]
-                ref = format_reference(name).encode("ascii")
-                replacements = {True: percent_reference(ref, True), False: percent_reference(ref, False)}
+                chosen = values[name][:1] if generation == 0 else values[name][1:]
                 for value in chosen:
-                    for form in forms_of(value):
-                        if form.pattern in patterns:
-                            # A periodic value ("00000000") has the same base64
-                            # pattern at two offsets: keep every reading.
-                            if form.kind is Kind.B64 and patterns[form.pattern].form.kind is Kind.B64:
-                                shared.setdefault(form.pattern, [patterns[form.pattern]]).append(
-                                    _Entry(name, form, value, ref)
-                                )
-                            continue
-                        replacement = replacements[form.upper_hex] if form.kind is Kind.PERCENT else ref
-                        patterns[form.pattern] = _Entry(name, form, value, replacement)
-        self._entries = list(patterns.values())
-        index_of = {pattern: i for i, pattern in enumerate(patterns)}
-        self._readings = {index_of[pattern]: tuple(entries) for pattern, entries in shared.items()}
+                    if value:
+                        owner.setdefault(bytes(value), name)
+        self._values = list(owner)
+        self._names = [owner[v] for v in self._values]
+        self._references = [format_reference(n).encode("ascii") for n in self._names]
         self.names = frozenset(values)
-        self._build_matcher(list(patterns))
-        # How much of a stream may have to wait for its next chunk, and which
-        # bytes can take part in a form at all (a chunk ending in any other
-        # byte can be released whole: SSE events are not delayed).
-        self.has_base64 = any(e.form.kind is Kind.B64 for e in self._entries)
-        self.max_region = max(map(len, patterns), default=0) + (2 * _GROUP if self.has_base64 else 0)
-        alphabet = set(b"".join(patterns))
-        if self.has_base64:  # the whole run around a base64 form may matter
-            alphabet.update(B64_RUN_CHARS + b"=")
-        self._alphabet = bytes(sorted(alphabet))
-        # A byte no form contains keeps a form from spanning two joined parts;
-        # if every byte is taken (absurd values), anchors are looked up part by part.
-        outside = next((bytes([b]) for b in range(256) if b not in alphabet), None)
-        self._separator = outside if outside is not None else b""
-
-    def _build_matcher(self, patterns: list[bytes]) -> None:
-        """A DFA over one short anchor per form finds candidates; a check confirms them.
-
-        Every form is at least _ANCHOR bytes long. Each form is anchored at the
-        _ANCHOR bytes starting at its rarest byte near the front (a symbol,
-        digit or capital rather than a lower-case letter or a space), so on
-        ordinary text the DFA rarely leaves its start state: it stays small in
-        the cache and scans at about the same speed for ten values or ten
-        thousand. A full-form automaton either builds slowly (DFA) or scans
-        slowly (NFA) at that size.
-        """
-        anchors: dict[bytes, int] = {}
-        self._by_anchor: list[list[tuple[bytes, int, int]]] = []
-        for index, pattern in enumerate(patterns):
-            window = pattern[: _ANCHOR_SEARCH + _ANCHOR - 1]
-            classes = window.translate(_RARITY)[: len(window) - _ANCHOR + 1]
-            offset = classes.rfind(min(classes))
-            anchor = pattern[offset : offset + _ANCHOR]
-            slot = anchors.setdefault(anchor, len(anchors))
-            if slot == len(self._by_anchor):
-                self._by_anchor.append([])
-            self._by_anchor[slot].append((pattern, offset, index))
-        # Two automata over the same anchors. The first finds whether and
-        # roughly where anchors occur: non-overlapping, so its SIMD prefilter
-        # applies and a body without any value is scanned at memory speed.
-        # Every occurrence starts within one anchor length of one it reports;
-        # the second, overlapping, looks only at those short windows.
-        # The prefilter (Teddy) takes at most 64 literals: a few secrets' anchors
-        # are split into groups it can take, each scanned at memory speed; past
-        # a few hundred anchors one automaton is faster than many groups.
-        self._detect: list[ahocorasick_rs.BytesAhoCorasick] = []
-        self._candidates = None
-        if anchors:
-            keys = list(anchors)
-            size = _TEDDY_MAX if len(keys) <= _GROUPED_MAX else len(keys)
-            self._detect = [
-                ahocorasick_rs.BytesAhoCorasick(keys[i : i + size], matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
-                for i in range(0, len(keys), size)
-            ]
-            self._candidates = ahocorasick_rs.BytesAhoCorasick(
-                keys, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
-            )
-
-    def may_hold_form(self, parts: Iterable[bytes]) -> bool:
-        """False when none of PARTS can hold a form: one scan over all of them.
-
-        Headers come in dozens of short strings; checking them together costs
-        one call instead of one per string, and most requests have no form at all.
-        """
-        if not self._detect:
-            return False
-        joined = [self._separator.join(parts)] if self._separator else list(parts)
-        return any(d.find_matches_as_indexes(part) for d in self._detect for part in joined)
-
-    def readings(self, index: int) -> tuple[_Entry, ...]:
-        """The entries a matched pattern may stand for (several only for base64)."""
-        return self._readings.get(index) or (self._entries[index],)
+        self._raw = Matcher(self._values)
+        shortest = min(map(len, self._values), default=0)
+        self.longest = max(map(len, self._values), default=0)
+        self._min_run = -(-4 * shortest // 3) if shortest else 0
+        self._json_trigger, self._percent_trigger = _triggers(self._values)
+        self._plus = any(b" " in v for v in self._values)
+        self._separator = next((bytes([b]) for b in (0, 1, 2, 3) if not any(bytes([b]) in v for v in self._values)), b"")
+        # Bytes that can be inside some form of some value: a stream releases
+        # every byte up to the last one outside this set at once.
+        inside = set(_SYNTAX)
+        for v in self._values:
+            inside.update(v)
+        self._inside = bytes(sorted(inside))
+        self._edge_breaks = not any(b"\n" in v or b"\r" in v for v in self._values)
 
     def __repr__(self) -> str:
-        return f"<Sealer names={len(self.names)} forms={len(self._entries)}>"
+        return f"<Sealer names={len(self.names)} values={len(self._values)}>"
 
     @property
     def form_count(self) -> int:
-        return len(self._entries)
+        """How many byte patterns the matcher holds: one per value, whatever its encodings."""
+        return len(self._raw)
 
-    def find(self, data: bytes) -> list[tuple[int, int, int]]:
-        """(entry, start, end) of every form in DATA, leftmost-longest, not overlapping."""
-        first = [at for detect in self._detect for _, at, _ in detect.find_matches_as_indexes(data)]
-        if not first:
+    # -- finding ------------------------------------------------------------------
+
+    def _find(self, data: bytes, depth: int, text: bool = True) -> list[Edit]:
+        """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already."""
+        edits = [
+            Edit(start, end, self._references[index], (self._names[index],), depth)
+            for index, start, end in self._raw.find(data)
+        ]
+        if depth < MAX_LAYERS and self._values:
+            edits += self._in_views(data, depth, text)
+        return _resolve(edits)
+
+    def _in_views(self, data: bytes, depth: int, text: bool = True) -> list[Edit]:
+        edits: list[Edit] = []
+        # Escapes are text: a base64 run that decodes to binary (an image)
+        # is looked at for raw values and further base64 only.
+        json = text and b"\\" in data and self._json_trigger.search(data) is not None
+        if json:
+            # The JSON view holds every base64 run of DATA too, joined across
+            # `\n` and `\/`: runs are looked for there, once.
+            edits += self._in_json(data, depth)
+        if text:
+            if b"%" in data and self._percent_trigger.search(data):
+                edits += self._lift(PercentView(data, plus=False), depth)
+            if self._plus and b"+" in data:
+                edits += self._lift(PercentView(data, plus=True), depth)
+        if not json and self._min_run and len(data) >= self._min_run:
+            for run in base64_runs(data, self._min_run):
+                edits += self._in_run(data, run, depth)
+        return edits
+
+    def _in_json(self, data: bytes, depth: int) -> list[Edit]:
+        # Decoded at C speed first; the map back is built only when there is
+        # something to map.
+        decoded = json_unescape(data)
+        sub = self._find(decoded, depth + 1)
+        if not sub:
             return []
-        view = memoryview(data)
-        hits = set()
-        for at in first:
-            window = view[at : at + 2 * _ANCHOR - 1]
-            hits.update((slot, at + start) for slot, start, _ in self._candidates.find_matches_as_indexes(window, overlapping=True))
-        confirmed = []
-        for slot, at in hits:
-            for pattern, offset, index in self._by_anchor[slot]:
-                start = at - offset
-                if start >= 0 and data.startswith(pattern, start):
-                    confirmed.append((start, -len(pattern), index))
-        confirmed.sort()
-        found = []
-        pos = 0
-        for start, negative_length, index in confirmed:
-            if start >= pos:
-                pos = start - negative_length
-                found.append((index, start, pos))
-        return found
+        view = JsonView.build(data)
+        if view.data != decoded:
+            raise SealError("keyveil's two JSON decoders disagree on a buffer; it is blocked")
+        return self._lift_edits(view, sub, depth)
 
-    def seal(self, data: bytes, protect: Protect | None = None, _depth: int = 0) -> SealResult:
+    def _lift(self, view, depth: int) -> list[Edit]:
+        sub = self._find(view.data, depth + 1)
+        return self._lift_edits(view, sub, depth) if sub else []
+
+    @staticmethod
+    def _lift_edits(view, sub: list[Edit], depth: int) -> list[Edit]:
+        out = []
+        for e in sub:
+            start, end = view.span(e.start, e.end)
+            out.append(Edit(start, end, view.encode(e.replacement, start, end), e.names, e.depth, e.base64))
+        return out
+
+    def _in_run(self, data: bytes, run: Run, depth: int) -> list[Edit]:
+        for align in _offsets(data, run):
+            view = Base64View(data, run, align)
+            if not view.data:
+                continue
+            sub = self._find(view.data, depth + 1, _is_text(view.data))
+            if sub:
+                edit = view.reencode(_apply(view.data, sub))
+                names = tuple(n for e in sub for n in e.names)
+                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True)]
+        return []
+
+    def find_names(self, data: bytes) -> Counter[str]:
+        """Which values DATA holds, in any form, without changing it."""
+        edits = self._find(data, 0)
+        return Counter(n for e in edits for n in e.names)
+
+    # -- sealing --------------------------------------------------------------------
+
+    def seal(self, data: bytes, protect: Protect | None = None) -> SealResult:
         """Seal a whole buffer. DATA comes back as the same object when nothing is found.
 
-        A base64 form is sealed by decoding its run from the value's group to
-        the end of the run, sealing that, and encoding it again with the same
-        alphabet and padding (Basic credentials stay valid Basic credentials).
+        After each round of edits the buffer is looked at again: re-encoding
+        a base64 run can leave a second value in it at another offset. A
+        buffer still holding a value after a few rounds raises SealError.
         """
         result = SealResult(data)
-        # Re-encoding a base64 run can expose a form it was hiding (two values
-        # in one run): then scan again, a few times at most. A plain
-        # replacement cannot create a form (no value holds "{{secret:").
-        for _ in range(3):
-            matches = self.find(result.data)
-            if not matches:
+        if not self._values:
+            return result
+        for _ in range(_MAX_ROUNDS):
+            edits = self._find(result.data, 0)
+            if protect and edits:
+                spans = protect(result.data)
+                if spans:
+                    # Vendor-signed fields keep their base64 as written; a
+                    # value written there plainly is still sealed.
+                    edits = [e for e in edits if not (e.base64 and _inside(spans, e.start, e.end))]
+            if not edits:
                 return result
-            spans = protect(result.data) if protect else ()
-            new, rescan = self._replace(result.data, matches, spans, result.counts, _depth)
-            result.data = new
-            if not rescan:
-                return result
+            result.data = _apply(result.data, edits)
+            result.counts.update(n for e in edits for n in e.names)
+        if self._find(result.data, 0):
+            raise SealError("a buffer still held a value after sealing; it is blocked")
         return result
 
-    def _replace(
-        self,
-        data: bytes,
-        matches: Iterable[tuple[int, int, int]],
-        protected: Sequence[tuple[int, int]],
-        counts: Counter[str],
-        depth: int,
-    ) -> tuple[bytes, bool]:
-        """DATA with MATCHES replaced, and whether a base64 run was re-encoded."""
-        out: list[bytes] = []
-        pos = 0
-        rescan = False
-        for index, start, end in matches:
-            if start < pos:
-                continue
-            entry = self._entries[index]
-            if entry.form.kind is Kind.B64 and _inside(protected, start, end):
-                continue  # a vendor's signature, not a value: see _pipeline.protected_spans
-            if entry.form.kind is not Kind.B64:
-                out += (data[pos:start], entry.replacement)
-                pos = end
-                counts[entry.name] += 1
-                continue
-            if depth >= _MAX_NESTING:
-                continue
-            for reading in self.readings(index):
-                region = self._reseal_run(data, start, end, reading, pos, depth, counts)
-                if region is not None:
-                    break
-            if region is not None:
-                region_start, region_end, encoded = region
-                out += (data[pos:region_start], encoded)
-                pos = region_end
-                rescan = True
-        if not out:
-            return data, False
-        out.append(data[pos:])
-        return b"".join(out), rescan
-
-    def _reseal_run(
-        self, data: bytes, start: int, end: int, entry: _Entry, floor: int, depth: int, counts: Counter[str]
-    ) -> tuple[int, int, bytes] | None:
-        form = entry.form
-        group_start = start - (_GROUP if form.offset else 0)
-        if group_start < floor or not _is_b64(data[group_start:start]):
-            return None
-        tail = _B64_TAIL.match(data, end)
-        padding = tail.group(1)
-        body = data[group_start : tail.end() - len(padding)]
-        if len(body) % _GROUP == 1:  # a lone last char is not base64: leave it and what follows
-            body, padding = body[:-1], b""
-        try:
-            decoded = b64decode(body + b"=" * (-len(body) % _GROUP))
-        except ValueError:
-            return None
-        if decoded[form.offset : form.offset + len(entry.value)] != entry.value:
-            return None
-        inner = self.seal(decoded, _depth=depth + 1)
-        if not inner.changed:
-            return None
-        counts.update(inner.counts)
-        encoded = b64encode(inner.data, _alphabet_is_urlsafe(body, form.urlsafe))
-        # Keep the padding style: an unpadded run stays unpadded. A run that
-        # ended on a group boundary without '=' gives no hint; pad it then.
-        if not padding and len(body) % _GROUP:
-            encoded = encoded.rstrip(b"=")
-        return group_start, group_start + len(body) + len(padding), encoded
-
     def seal_fields(self, fields: Sequence[tuple[bytes, bytes]]) -> tuple[tuple[tuple[bytes, bytes], ...], Counter[str]]:
-        """Header fields with names and values sealed, and the counts; one scan when none holds a form."""
+        """Header fields with names and values sealed, and the counts; one look when none holds a value."""
         counts: Counter[str] = Counter()
-        if not self.may_hold_form(part for field in fields for part in field):
+        if not self.may_hold_value(part for f in fields for part in f):
             return tuple(fields), counts
         sealed = []
         for name, value in fields:
@@ -301,6 +229,17 @@ class Sealer:
             counts.update(value_result.counts)
             sealed.append((name_result.data, value_result.data))
         return tuple(sealed), counts
+
+    def may_hold_value(self, parts: Iterable[bytes]) -> bool:
+        """False when none of PARTS holds a value in any form: one look at all of them."""
+        if not self._values:
+            return False
+        parts = list(parts)
+        if self._separator:
+            return bool(self._find(self._separator.join(parts), 0))
+        return any(self._find(p, 0) for p in parts)
+
+    may_hold_form = may_hold_value
 
     def stream(self) -> StreamSealer:
         return StreamSealer(self)
@@ -312,123 +251,318 @@ class Sealer:
         return SealResult(data if not stream.counts else out, stream.counts)
 
     def holdback(self, data: bytes) -> int:
-        """How many trailing bytes of DATA might begin a form that is not complete yet."""
-        if self.max_region == 0:
+        """How many trailing bytes of DATA might belong to a form not complete yet."""
+        if not self._values:
             return 0
-        tail = data[-(self.max_region - 1) :] if self.max_region > 1 else b""
-        # Only the bytes after the last byte that appears in no form can be
-        # the beginning of a form.
-        return len(tail) - len(tail.rstrip(self._alphabet))
-
-
-def _inside(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
-    return any(s <= start and end <= e for s, e in spans)
-
-
-def _alphabet_is_urlsafe(run: bytes, default: bool) -> bool:
-    if b"-" in run or b"_" in run:
-        return True
-    if b"+" in run or b"/" in run:
-        return False
-    return default
+        tail = data[-STREAM_RUN_BOUND:]
+        held = len(tail) - len(tail.rstrip(self._inside))
+        if held and self._edge_breaks:
+            # A form never starts with a line break (no value holds one): the
+            # blank line ending an SSE event is released at once.
+            start = len(data) - held
+            while held and data[start] in b"\r\n":
+                start += 1
+                held -= 1
+        return held
 
 
 class StreamSealer:
     """Seals a byte stream chunk by chunk; any chunking gives the same output.
 
-    Releases every byte that cannot be the start of a form not yet complete,
-    holding back at most ``max_region - 1`` bytes (less when the chunk ends in
-    a byte no form contains, e.g. the blank line ending an SSE event).
-    A base64 form in a stream is sealed within its own groups: the bytes
-    after the reference are padded with spaces to keep the rest of the run
-    aligned, since the bytes after the run may not have arrived yet.
+    Each chunk is released up to the last byte that cannot belong to a form
+    (``Sealer.holdback``): the rest waits for the next chunk, so a value split
+    across chunks is still caught in every form, and an SSE event is not
+    delayed. A base64 run still being written is held until it ends, up to
+    ``STREAM_RUN_BOUND`` bytes, so that it is re-encoded exactly. Past that
+    bound the run is transcoded group by group: decoded, sealed, encoded
+    again with the same alphabet and line width; a sealed value's reference
+    is then followed by 0-2 spaces so that the groups after it keep their
+    place, and only values at the run's own offset are sealed there.
     """
 
     def __init__(self, sealer: Sealer) -> None:
         self._sealer = sealer
         self._pending = b""
+        self._run: _RunTranscoder | None = None
         self.counts: Counter[str] = Counter()
 
     def feed(self, chunk: bytes, final: bool = False) -> bytes:
+        out: list[bytes] = []
+        if self._run is not None:
+            chunk = self._run.feed(chunk, out)
+            if chunk is None:  # the run goes on
+                if final:
+                    out.append(self._run.close())
+                    self._run = None
+                return b"".join(out)
+            out.append(self._run.close())
+            self._run = None
         sealer = self._sealer
         data = self._pending + chunk if self._pending else chunk
         if final:
             cut = len(data)
-            keep_from = cut
         else:
-            hold = sealer.holdback(data)
-            cut = len(data) - hold
-            keep_from = cut
-            if sealer.has_base64 and hold == sealer.max_region - 1:
-                # A base64 form found next time needs the group before it. When
-                # the held bytes follow a byte no form contains, that group
-                # cannot be base64 anyway and nothing more is kept.
-                keep_from = max(0, cut - _GROUP)
-        out: list[bytes] = []
-        pos = 0
-        emit_to = keep_from
-        for index, start, end in sealer.find(data):
-            if start >= cut:
+            held = sealer.holdback(data)
+            cut = len(data) - held
+            if held >= STREAM_RUN_BOUND:
+                cut = self._start_run(data, cut, out)
+                if self._run is not None:
+                    self._pending = b""
+                    return b"".join(out)
+        result = sealer.seal(data[:cut])
+        self.counts.update(result.counts)
+        out.append(result.data)
+        self._pending = data[cut:]
+        return b"".join(out)
+
+    def _start_run(self, data: bytes, cut: int, out: list[bytes]) -> int:
+        """Switch the trailing base64 run of DATA to group-by-group transcoding; the new cut."""
+        # The run may start before the held part (holdback looks at most a
+        # bound back), never before anything already released.
+        start = len(data.rstrip(_RUN_BYTES))
+        if len(data) - start < STREAM_RUN_BOUND // 2:
+            # Not one long run: no other form is anywhere near this long.
+            return len(data) - STREAM_RUN_BOUND // 2
+        head = self._sealer.seal(data[:start])
+        self.counts.update(head.counts)
+        out.append(head.data)
+        self._run = _RunTranscoder(self._sealer, data[start : start + 4096], self.counts)
+        rest = self._run.feed(data[start:], out)
+        assert rest is None  # the held part ends in run bytes
+        return len(data)
+
+
+_RUN_BYTES = B64_ALPHABET + b"\r\n"
+_TO_STD = bytes.maketrans(b"-_", b"+/")
+_TO_URL = bytes.maketrans(b"+/", b"-_")
+
+
+class _RunTranscoder:
+    """A long base64 run in a stream: decoded in whole groups, sealed, encoded again.
+
+    Only values at the run's own offset are sealed inside it, each reference
+    padded with 0-2 spaces to its value's length modulo 3 so that every
+    group after it encodes to the characters it had. A value written plainly
+    in the run's text is sealed as text: the run ends before it and a new one
+    starts after it.
+    """
+
+    def __init__(self, sealer: Sealer, sample: bytes, counts: Counter[str]) -> None:
+        self._sealer = sealer
+        self.counts = counts  # the stream's own: a stream cut short still reports what it sealed
+        self._urlsafe = b"-" in sample or b"_" in sample
+        first = sample.find(b"\n")
+        self._newline = b"\r\n" if first > 0 and sample[first - 1] == 0x0D else b"\n"
+        self._width = (first - (len(self._newline) - 1)) if first > 0 else 0
+        self._column = 0
+        self._text = b""  # run bytes not yet looked at for plain values
+        self._chars = b""  # base64 characters not yet decoded (less than one group)
+        self._decoded = b""  # decoded bytes held back: a value may start there
+
+    def feed(self, chunk: bytes, out: list[bytes]) -> bytes | None:
+        """Transcode the run bytes CHUNK starts with into OUT; the bytes after the run, or None."""
+        rest = chunk.lstrip(_RUN_BYTES)
+        end = len(chunk) - len(rest)
+        self._text += chunk[:end]
+        self._drain(out, final=False)
+        return rest if end < len(chunk) else None
+
+    def _drain(self, out: list[bytes], final: bool) -> None:
+        sealer = self._sealer
+        while True:
+            hits = sealer._raw.find(self._text)
+            if not hits:
                 break
-            entry = sealer._entries[index]
-            emit_to = max(emit_to, end)
-            if start < pos:
+            index, start, end = hits[0]
+            self._transcode(self._text[:start], out)
+            out.append(self._finish_run())
+            out.append(sealer._references[index])
+            self.counts[sealer._names[index]] += 1
+            self._column += len(sealer._references[index])
+            self._text = self._text[end:]
+        keep = 0 if final else min(len(self._text), max(0, sealer.longest - 1))
+        self._transcode(self._text[: len(self._text) - keep], out)
+        self._text = self._text[len(self._text) - keep :]
+
+    def _transcode(self, text: bytes, out: list[bytes]) -> None:
+        chars = self._chars + text.replace(b"\r", b"").replace(b"\n", b"")
+        whole = len(chars) // 4 * 4
+        self._chars = chars[whole:]
+        if whole:
+            group = chars[:whole].translate(_TO_STD) if self._urlsafe else chars[:whole]
+            self._decoded += binascii.a2b_base64(group)
+            out.append(self._emit(final=False))
+
+    def _emit(self, final: bool) -> bytes:
+        data = self._decoded
+        edits = self._sealer._find(data, MAX_LAYERS)  # raw values only
+        limit = len(data) if final else max(0, len(data) - self._sealer.longest - 1)
+        if not final:
+            # Cut at a group boundary outside every edit: replacements keep
+            # their value's length modulo 3, so output stays group-aligned.
+            limit -= limit % 3
+            for e in reversed(edits):
+                if e.start < limit < e.end:
+                    limit = e.start - e.start % 3
+        out = bytearray()
+        pos = 0
+        for e in edits:
+            if e.end > limit:
+                break
+            out += data[pos : e.start] + e.replacement + b" " * ((e.end - e.start - len(e.replacement)) % 3)
+            pos = e.end
+            self.counts.update(e.names)
+        out += data[pos:limit]
+        self._decoded = data[limit:]
+        return self._encode(bytes(out))
+
+    def _encode(self, decoded: bytes) -> bytes:
+        text = binascii.b2a_base64(decoded, newline=False).rstrip(b"=")
+        if self._urlsafe:
+            text = text.translate(_TO_URL)
+        return self._wrap(text)
+
+    def _wrap(self, text: bytes) -> bytes:
+        if not self._width:
+            return text
+        lines = bytearray()
+        while text:
+            room = self._width - self._column
+            if room <= 0:
+                lines += self._newline
+                self._column = 0
                 continue
-            if entry.form.kind is not Kind.B64:
-                out += (data[pos:start], entry.replacement)
-                pos = end
-                self.counts[entry.name] += 1
-                continue
-            for reading in sealer.readings(index):
-                region = _seal_groups(data, start, end, reading, pos)
-                if region is not None:
-                    break
-            if region is not None:
-                region_start, region_end, encoded = region
-                out += (data[pos:region_start], encoded)
-                pos = region_end
-                self.counts[reading.name] += 1
-        emit_to = max(emit_to, pos)
-        out.append(data[pos:emit_to])
-        self._pending = data[emit_to:]
+            lines += text[:room]
+            self._column += len(text[:room])
+            text = text[room:]
+        return bytes(lines)
+
+    def _finish_run(self) -> bytes:
+        """What is held of the current run, and its last partial group (the run ends here)."""
+        chars, self._chars = self._chars, b""
+        lone = b""
+        if len(chars) % 4 == 1:
+            chars, lone = chars[:-1], chars[-1:]  # decodes to nothing: kept as it is
+        if chars:
+            text = chars.translate(_TO_STD) if self._urlsafe else chars
+            self._decoded += binascii.a2b_base64(text + b"=" * (-len(text) % 4))
+        # A partial last group of 2 or 3 characters encodes again to as many.
+        tail = self._emit(final=True) if self._decoded else b""
+        return tail + (self._wrap(lone) if lone else b"")
+
+    def close(self) -> bytes:
+        """The end of the stream or of the run: everything still held."""
+        out: list[bytes] = []
+        self._drain(out, final=True)
+        out.append(self._finish_run())
         return b"".join(out)
 
 
-def _seal_groups(
-    data: bytes, start: int, end: int, entry: _Entry, floor: int
-) -> tuple[int, int, bytes] | None:
-    """Seal a base64 form in place, touching only the groups that hold the value."""
-    form = entry.form
-    group_start = start - (_GROUP if form.offset else 0)
-    if group_start < floor or not _is_b64(data[group_start:start]):
-        return None
-    region_end = end
-    last = padding = b""
-    if form.trailing:
-        chars = _B64_TAIL.match(data, end, min(len(data), end + _GROUP)).group(0)
-        body = chars.rstrip(b"=")
-        if len(body) < _GROUP - form.trailing:  # the value's last bytes are not all there
-            return None
-        padding = chars[len(body) :]
-        region_end = end + len(chars)
-        last = body + b"=" * (_GROUP - len(body))
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _is_text(data: bytes) -> bool:
+    if data.isascii():
+        return True
     try:
-        decoded = b64decode(data[group_start:end] + last)
-    except ValueError:
-        return None
-    value_end = form.offset + len(entry.value)
-    if decoded[form.offset : value_end] != entry.value:
-        return None
-    sealed = decoded[: form.offset] + format_reference(entry.name).encode("ascii")
-    after = decoded[value_end:]
-    # Same length modulo 3 as before, so the groups after the region and the
-    # padding keep their meaning.
-    sealed += b" " * ((len(decoded) - len(sealed) - len(after)) % 3) + after
-    encoded = b64encode(sealed, _alphabet_is_urlsafe(data[group_start:region_end], form.urlsafe))
-    if not padding:
-        encoded = encoded.rstrip(b"=")
-    return group_start, region_end, encoded
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
-def _is_b64(data: bytes) -> bool:
-    return not data.translate(None, B64_RUN_CHARS)
+def _offsets(data: bytes, run: Run) -> list[int]:
+    """The character offsets a base64 run is decoded from.
+
+    A payload may sit after other base64 characters (``/upload/`` in a path,
+    ``user-`` before a token): a short run is decoded from each of its four
+    offsets. A long one is decoded from its start, and from where its first
+    line ends when that line is shorter than the next (``KEY-----`` before
+    the body of a PEM block).
+    """
+    if run.end - run.start <= SHORT_RUN:
+        return [0, 1, 2, 3]
+    offsets = [0]
+    first = data.find(b"\n", run.start, run.end)
+    if first != -1:
+        second = data.find(b"\n", first + 1, run.end)
+        head = first - run.start - (data[first - 1] == 0x0D)
+        if second == -1 or head < second - first - 1 - (data[second - 1] == 0x0D):
+            if head % 4:
+                offsets.append(head % 4)
+    return offsets
+
+
+def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """Regexes for the escapes that can matter: ones that decode to a byte of
+    some value or of an encoding's own syntax. Any other escape (a CJK
+    character, an ANSI colour code, a quote) cannot be part of a form, so a
+    buffer holding only those needs no decoded view."""
+    relevant = set(_SYNTAX)
+    values_bytes: set[int] = set()
+    wide: set[int] = set()
+    for v in values:
+        relevant.update(v)
+        values_bytes.update(v)
+        try:
+            wide.update(ord(c) for c in v.decode("utf-8") if ord(c) > 0x7F)
+        except UnicodeDecodeError:
+            wide.add(-1)  # a value that is not UTF-8: every \\u escape may matter
+    units = [_hex_alternatives("00", {c for c in relevant if c < 0x80})]
+    units += [_cased(f"{c:04x}") for c in sorted(wide) if 0 < c <= 0xFFFF]
+    if any(c > 0xFFFF for c in wide):
+        units.append("[dD][89abAB][0-9a-fA-F]{2}")  # a surrogate pair: any character beyond U+FFFF
+    short = {ord('"'): '"', ord("/"): "/", 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
+    shorts = "".join(re.escape(ch) for c, ch in short.items() if c in values_bytes)
+    unicode_part = "[0-9a-fA-F]{4}" if -1 in wide else "(?:" + "|".join(units) + ")"
+    # `\\` matters when a value holds a backslash, or when it escapes a
+    # further escape (a JSON string inside a JSON string); `\n` right before a
+    # long base64 line is base64 wrapped inside a JSON string; `\/` is in the
+    # base64 alphabet.
+    backslash = r"\\" if ord("\\") in values_bytes else r"\\(?=u[0-9a-fA-F]{4}|/|\\|[rn][A-Za-z0-9+/_-]{40})"
+    json_trigger = re.compile(
+        rf"\\(?:u{unicode_part}|/|{backslash}|[rn][A-Za-z0-9+/_-]{{40}}{'|[' + shorts + ']' if shorts else ''})".encode()
+    )
+    percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
+    return json_trigger, percent_trigger
+
+
+def _cased(hex_digits: str) -> str:
+    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in hex_digits)
+
+
+def _hex_alternatives(prefix: str, codes: set[int]) -> str:
+    """A regex for PREFIX + two hex digits naming a byte in CODES, either case: one class per high digit."""
+    by_high: dict[int, str] = {}
+    for c in sorted(codes):
+        by_high[c >> 4] = by_high.get(c >> 4, "") + "".join(sorted({f"{c & 15:x}", f"{c & 15:X}"}))
+    parts = [f"{_cased(f'{high:x}')}[{lows}]" for high, lows in sorted(by_high.items())]
+    return prefix + "(?:" + "|".join(parts) + ")"
+
+
+def _resolve(edits: list[Edit]) -> list[Edit]:
+    """Sorted, non-overlapping edits: of two on the same span, the shallower; else the first."""
+    if len(edits) < 2:
+        return edits
+    edits.sort(key=lambda e: (e.start, -e.end, e.depth))
+    out: list[Edit] = []
+    end = -1
+    for e in edits:
+        if e.start >= end:
+            out.append(e)
+            end = e.end
+    return out
+
+
+def _apply(data: bytes, edits: Sequence[Edit]) -> bytes:
+    out: list[bytes] = []
+    pos = 0
+    for e in edits:
+        out += (data[pos : e.start], e.replacement)
+        pos = e.end
+    out.append(data[pos:])
+    return b"".join(out)
+
+
+def _inside(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
+    return any(s <= start and end <= e for s, e in spans)

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterator, Mapping
 from urllib.parse import quote, quote_plus
 
-from ._references import find_references, find_url_references
+from ._references import find_references_layered
 
 Encoder = Callable[[bytes], bytes]
 
@@ -68,18 +68,22 @@ def inject(
 ) -> tuple[bytes, Counter[str]]:
     """Replace every reference to a name in NAMES by its encoded value.
 
-    With URL true, percent-encoded references are recognised too. DATA comes
-    back as the same object when nothing was injected.
+    References are recognised raw and through JSON escapes and percent-
+    encoding (SPEC §3); a value replacing a reference written through a layer
+    is written through the same layer. URL is kept for callers' clarity:
+    every place recognises percent-encoded references. DATA comes back as
+    the same object when nothing was injected.
     """
     counts: Counter[str] = Counter()
     out: list[bytes] = []
     pos = 0
-    finder: Callable[[bytes], Iterator[tuple[int, int, str]]] = find_url_references if url else find_references
-    for start, end, name in finder(data):
+    for start, end, name, writer in find_references_layered(data):
         if name not in names or name not in values:
             continue
         try:
-            encoded = encode(values[name])
+            encoded = encode(values[name]) if writer is None else writer(values[name])
+            if writer is not None and encode is for_header:
+                for_header(encoded)
         except ValueError as e:
             raise InjectError(name, place, str(e)) from None
         out += (data[pos:start], encoded)

@@ -16,7 +16,7 @@ from urllib.parse import unquote_plus
 
 from ._engine import Sealer
 from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
-from ._references import find_references, find_url_references, format_reference, may_hold_reference
+from ._references import find_references_layered, format_reference, may_hold_reference
 from ._rules import CompiledRules
 from ._vault import VaultSnapshot
 
@@ -163,7 +163,7 @@ class Engine:
             query = b"&".join(seal(_query_location(p), p) for p in req.query.split(b"&"))
             # A raw value holding '&' spans two pieces: seal the whole string too.
             req.query = seal("query", query)
-        if self.sealer.may_hold_form(part for header in req.headers for part in header):
+        if self.sealer.may_hold_value(part for header in req.headers for part in header):
             headers = []
             for k, v in req.headers:
                 if seal("header-name", k) is not k:
@@ -270,7 +270,7 @@ class Engine:
         def scan(data: bytes, auth: bool, url: bool = False) -> None:
             if not may_hold_reference(data):
                 return
-            for _, _, name in (find_url_references if url else find_references)(data):
+            for _, _, name, _ in find_references_layered(data):
                 if name not in self.names:
                     # in the rules but not in the vault, or not known at all (plain text)
                     (refs.valueless if name in self.bound_names else refs.unknown).add(name)
@@ -359,7 +359,7 @@ class Engine:
             out.block = Block("plaintext_egress", str(e), (e.name,))
             return sealed, content, out
         if not out.provider and self.policy.unbound_reference == "block":
-            left = {n for _, _, n in find_references(data) if n in self.names}
+            left = {n for _, _, n, _ in find_references_layered(data) if n in self.names}
             if left:
                 name = sorted(left)[0]
                 out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))

@@ -7,9 +7,11 @@ knows nothing of values: it never sees one.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 
 import ahocorasick_rs
-from collections.abc import Iterator
+
+from ._views import JsonView, PercentView
 
 NAME_MAX = 128
 
@@ -96,3 +98,50 @@ _MARKERS = ahocorasick_rs.BytesAhoCorasick([b"{secret:", b"Bsecret", b"bsecret"]
 def may_hold_reference(data: bytes) -> bool:
     """False when DATA certainly holds no reference (the common case, checked fast)."""
     return bool(_MARKERS.find_matches_as_indexes(data))
+
+
+#: how a value is written where a reference stood in a decoded view (None: as the place wants)
+Writer = Callable[[bytes], bytes] | None
+
+_REFERENCE_LAYERS = 2
+
+
+def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int, str, Writer]]:
+    """Every reference in DATA, raw or written through up to two layers of JSON
+    escapes and percent-encoding (SPEC §3: ``{{secret:github\\/pat}}``,
+    ``%7B%7Bsecret%3Agithub%2Fpat%7D%7D``), as (start, end, NAME, writer).
+
+    The writer encodes a value for the span the reference took (JSON-escaped,
+    percent-encoded, or both); it is None for a raw reference. Spans do not
+    overlap and come left to right.
+    """
+    found: list[tuple[int, int, str, Writer]] = [(s, e, n, None) for s, e, n in find_references(data)]
+    if _depth < _REFERENCE_LAYERS and may_hold_reference(data):
+        views = []
+        if b"\\" in data:
+            views.append(JsonView.build(data))
+        if b"%" in data:
+            views.append(PercentView(data, plus=False))
+        for view in views:
+            if view.data == data:
+                continue
+            for s, e, name, inner in find_references_layered(view.data, _depth + 1):
+                start, end = view.span(s, e)
+                found.append((start, end, name, _writer(view, start, end, inner)))
+    if len(found) > 1:
+        found.sort(key=lambda f: (f[0], f[3] is not None))
+        kept = []
+        end = -1
+        for f in found:
+            if f[0] >= end:
+                kept.append(f)
+                end = f[1]
+        found = kept
+    return found
+
+
+def _writer(view, start: int, end: int, inner: Writer) -> Callable[[bytes], bytes]:
+    def write(value: bytes) -> bytes:
+        return view.encode(inner(value) if inner else value, start, end)
+
+    return write

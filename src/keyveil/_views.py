@@ -1,0 +1,415 @@
+"""Decoded views of a buffer, each with its way back to the bytes it came from.
+
+keyveil does not list what encoders write; it decodes what it inspects
+(SPEC §3). A *view* is what one layer of encoding turns a span of a buffer
+into — JSON-string unescaping, percent-decoding, one base64 run decoded —
+and knows how to map a span of its decoded bytes back to the exact span of
+the original, and how to write a replacement there in the carrier's own
+encoding (JSON-escaped, percent-encoded, or the whole base64 run encoded
+again with the same alphabet, padding and line width). Views of views give
+the layered forms.
+
+The module is sans-IO and knows nothing of values or names: it never holds
+a secret, only bytes it was handed, and it must never log or raise them.
+"""
+
+from __future__ import annotations
+
+import binascii
+import bisect
+import codecs
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from json.decoder import JSONDecodeError, scanstring
+
+B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
+_STD_TO_URL = bytes.maketrans(b"+/", b"-_")
+_URL_TO_STD = bytes.maketrans(b"-_", b"+/")
+_HEX = b"0123456789abcdefABCDEF"
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Replace DATA[start:end] by REPLACEMENT; NAMES counts the values it seals."""
+
+    start: int
+    end: int
+    replacement: bytes
+    names: tuple[str, ...]
+    depth: int = 0  # how many layers down the value was found (0: raw)
+    base64: bool = False  # a base64 run is re-encoded (vendor-signed fields keep theirs)
+
+
+# -- JSON string escapes ------------------------------------------------------------------
+
+# One escape per match, left to right, so `\\u0041` is `\\` then `u0041`.
+# A high surrogate followed by a low one is one character (JSON's pairs).
+_JSON_ESCAPE = re.compile(
+    rb"\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|([\"\\/bfnrt]))"
+)
+_SHORT = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
+
+
+def _surrogates(error: UnicodeError) -> tuple[bytes, int]:
+    """Encode lone surrogates: U+DC80..DCFF back to the byte they escaped, others as CESU-8."""
+    out = bytearray()
+    for ch in error.object[error.start : error.end]:
+        code = ord(ch)
+        out += bytes([code - 0xDC00]) if 0xDC80 <= code <= 0xDCFF else ch.encode("utf-8", "surrogatepass")
+    return bytes(out), error.end
+
+
+codecs.register_error("keyveil.surrogates", _surrogates)
+
+
+def _code_unit_bytes(code: int) -> bytes:
+    return chr(code).encode("utf-8", "keyveil.surrogates")
+
+
+def json_unescape(data: bytes) -> bytes:
+    """DATA with every JSON string escape decoded; anything else kept as it is.
+
+    The fast path runs the C JSON string scanner over text; its result is
+    the same, byte for byte, as ``JsonView``'s mapped decoding
+    (tests/test_views.py checks it), which is only built when a match needs
+    mapping back. Bytes that are not UTF-8 text, and text with many
+    backslashes that are no JSON escape, take the mapped decoder directly.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return JsonView.build(data).data
+    if text.endswith("\\"):
+        return JsonView.build(data).data  # the sentinel quote would be taken as an escape
+    sentinel = text + '"'
+    out: list[str] = []
+    pos = 0
+    end = len(text)
+    errors = 0
+    while pos <= end:
+        try:
+            piece, nxt = scanstring(sentinel, pos, False)
+        except JSONDecodeError as e:
+            # Each error costs a pass over the text before it (for its line
+            # number): after a few, the mapped decoder is cheaper.
+            errors += 1
+            bad = e.pos if sentinel[e.pos] == "\\" else e.pos - 1
+            if errors > _FAST_ERRORS or bad < pos or sentinel[bad] != "\\":
+                return JsonView.build(data).data
+            if bad > pos:
+                out.append(scanstring(sentinel[pos:bad] + '"', 0, False)[0])
+            out.append("\\")
+            pos = bad + 1
+            continue
+        out.append(piece)
+        if nxt > end:
+            break
+        out.append('"')
+        pos = nxt
+    return "".join(out).encode("utf-8", "keyveil.surrogates")
+
+
+_FAST_ERRORS = 4
+
+
+class JsonView:
+    """The JSON-unescaped view of a buffer, with a map back to the original."""
+
+    kind = "json"
+    __slots__ = ("data", "_raw_starts", "_view_starts", "_raw", "_slash")
+
+    def __init__(self, data: bytes, raw: bytes, raw_starts: list[int], view_starts: list[int]) -> None:
+        self.data = data
+        self._raw = raw
+        # Decoded units: unit i starts at raw_starts[i] / view_starts[i]; plain
+        # bytes between escapes are one unit per run (mapped 1:1 inside).
+        self._raw_starts = raw_starts
+        self._view_starts = view_starts
+        self._slash = b"\\/" in raw
+
+    @classmethod
+    def build(cls, raw: bytes) -> JsonView:
+        out: list[bytes] = []
+        raw_starts: list[int] = []
+        view_starts: list[int] = []
+        size = 0
+        pos = 0
+        for m in _JSON_ESCAPE.finditer(raw):
+            if m.start() > pos:
+                raw_starts.append(pos)
+                view_starts.append(size)
+                out.append(raw[pos : m.start()])
+                size += m.start() - pos
+            high, low, single, short = m.groups()
+            if high is not None:
+                code = 0x10000 + ((int(high, 16) - 0xD800) << 10) + (int(low, 16) - 0xDC00)
+                piece = _code_unit_bytes(code)
+            elif single is not None:
+                piece = _code_unit_bytes(int(single, 16))
+            else:
+                piece = _SHORT[short]
+            raw_starts.append(-1 - m.start())  # negative: an escape, mapped as a whole
+            view_starts.append(size)
+            out.append(piece)
+            size += len(piece)
+            pos = m.end()
+        if pos < len(raw):
+            raw_starts.append(pos)
+            view_starts.append(size)
+            out.append(raw[pos:])
+            size += len(raw) - pos
+        raw_starts.append(len(raw))
+        view_starts.append(size)
+        return cls(b"".join(out), raw, raw_starts, view_starts)
+
+    def _unit(self, at: int) -> int:
+        return bisect.bisect_right(self._view_starts, at) - 1
+
+    def _raw_start(self, unit: int) -> int:
+        start = self._raw_starts[unit]
+        return -1 - start if start < 0 else start
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """The raw span that decodes to view bytes [START, END) (widened to whole escapes)."""
+        first = self._unit(start)
+        last = self._unit(end - 1)
+        if self._raw_starts[first] >= 0:
+            raw_start = self._raw_starts[first] + (start - self._view_starts[first])
+        else:
+            raw_start = self._raw_start(first)
+        if self._raw_starts[last] >= 0:
+            raw_end = self._raw_starts[last] + (end - self._view_starts[last])
+        else:
+            raw_end = self._raw_start(last + 1)
+        return raw_start, raw_end
+
+    def encode(self, replacement: bytes, raw_start: int, raw_end: int) -> bytes:
+        """REPLACEMENT as a JSON string writes it, keeping the `\\/` habit of the span."""
+        out = replacement.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+        if any(c < 0x20 for c in out):
+            out = re.sub(rb"[\x00-\x1f]", _json_control, out)
+        if self._slash and _escapes_slash(self._raw[raw_start:raw_end]):
+            out = out.replace(b"/", b"\\/")
+        return out
+
+
+def _escapes_slash(span: bytes) -> bool:
+    return any(m.group(4) == b"/" for m in _JSON_ESCAPE.finditer(span))
+
+
+_CONTROL = {0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
+
+
+def _json_control(m: re.Match) -> bytes:
+    code = m.group(0)[0]
+    return _CONTROL.get(code) or b"\\u%04x" % code
+
+
+# -- percent escapes -----------------------------------------------------------------------
+
+_PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+class PercentView:
+    """The percent-decoded view of a buffer (`+` as space when PLUS), with a map back."""
+
+    kind = "percent"
+    __slots__ = ("data", "_raw", "_raw_starts", "_view_starts", "plus", "_lower")
+
+    def __init__(self, raw: bytes, plus: bool) -> None:
+        self._raw = raw
+        self.plus = plus
+        out: list[bytes] = []
+        raw_starts: list[int] = []
+        view_starts: list[int] = []
+        size = 0
+        pos = 0
+        lower = upper = 0
+        for m in _PERCENT.finditer(raw):
+            if m.start() > pos:
+                raw_starts.append(pos)
+                view_starts.append(size)
+                out.append(raw[pos : m.start()])
+                size += m.start() - pos
+            hexpair = m.group(0)[1:]
+            if hexpair.isupper() or hexpair.isdigit():
+                upper += 1
+            else:
+                lower += 1
+            raw_starts.append(-1 - m.start())
+            view_starts.append(size)
+            out.append(bytes([int(hexpair, 16)]))
+            size += 1
+            pos = m.end()
+        if pos < len(raw):
+            raw_starts.append(pos)
+            view_starts.append(size)
+            out.append(raw[pos:])
+            size += len(raw) - pos
+        raw_starts.append(len(raw))
+        view_starts.append(size)
+        data = b"".join(out)
+        # `+` and space are one byte each: the map stays as it is.
+        self.data = _plus_to_space(raw, data, raw_starts) if plus else data
+        self._raw_starts = raw_starts
+        self._view_starts = view_starts
+        self._lower = lower > upper
+
+    span = JsonView.span
+    _unit = JsonView._unit
+    _raw_start = JsonView._raw_start
+
+    def encode(self, replacement: bytes, raw_start: int, raw_end: int) -> bytes:
+        """REPLACEMENT percent-encoded: every byte but the unreserved ones, in the span's hex case."""
+        span = self._raw[raw_start:raw_end]
+        lower = bool(re.search(rb"%[0-9]?[a-f]", span)) if b"%" in span else self._lower
+        fmt = b"%%%02x" if lower else b"%%%02X"
+        return b"".join(bytes([c]) if c in _UNRESERVED else fmt % c for c in replacement)
+
+
+def _plus_to_space(raw: bytes, data: bytes, raw_starts: list[int]) -> bytes:
+    # Only plain runs can hold a raw '+'; an escaped %2B stays '+'.
+    if b"+" not in raw:
+        return data
+    out = bytearray(data)
+    view = 0
+    for i, start in enumerate(raw_starts[:-1]):
+        nxt = raw_starts[i + 1]
+        if start >= 0:
+            end = nxt if nxt >= 0 else -1 - nxt
+            chunk = raw[start:end]
+            at = chunk.find(b"+")
+            while at != -1:
+                out[view + at] = 0x20
+                at = chunk.find(b"+", at + 1)
+            view += end - start
+        else:
+            view += 1
+    return bytes(out)
+
+
+# -- base64 runs ---------------------------------------------------------------------------
+
+_CLASS = bytearray(256)
+for _c in B64_ALPHABET:
+    _CLASS[_c] = 1
+for _c in b"\r\n":
+    _CLASS[_c] = 2
+B64_CLASSES = bytes(_CLASS)
+_LINE = re.compile(rb"\r?\n")
+_BLANK = re.compile(rb"\r?\n\r?\n")
+_BREAKS = b"\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A base64 run: START..END of the buffer, line breaks included, padding excluded."""
+
+    start: int
+    end: int
+    padding: int  # '=' bytes right after END
+
+
+def base64_runs(data: bytes, min_chars: int, seed: int = 48) -> Iterator[Run]:
+    """Every run of at least MIN_CHARS base64 characters, joined across single line breaks.
+
+    A run is found by SEED consecutive alphabet bytes (wrapped lines are at
+    least that long: MIME 76, PEM 64, GitHub 60), then grown both ways over
+    alphabet bytes and line breaks. A blank line ends a run.
+    """
+    needle = b"\x01" * max(1, min(min_chars, seed))
+    classes = data.translate(B64_CLASSES)
+    pos = 0
+    while (hit := classes.find(needle, pos)) != -1:
+        start = classes.rfind(b"\x00", 0, hit) + 1
+        end = classes.find(b"\x00", hit)
+        if end == -1:
+            end = len(data)
+        pos = end
+        for run_start, run_end in _split_blank(data, start, end):
+            chars = run_end - run_start - _count_breaks(data, run_start, run_end)
+            if chars >= min_chars:
+                padding = 0
+                while padding < 2 and data[run_end + padding : run_end + padding + 1] == b"=":
+                    padding += 1
+                yield Run(run_start, run_end, padding)
+
+
+def _count_breaks(data: bytes, start: int, end: int) -> int:
+    return data.count(b"\n", start, end) + data.count(b"\r", start, end)
+
+
+def _split_blank(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The parts of START..END between blank lines, without leading or trailing breaks."""
+    if data.find(b"\n\n", start, end) == -1 and data.find(b"\n\r\n", start, end) == -1:
+        yield from _trim(data, start, end)
+        return
+    segment = data[start:end]
+    pos = 0
+    for m in _BLANK.finditer(segment):
+        yield from _trim(data, start + pos, start + m.start())
+        pos = m.end()
+    yield from _trim(data, start + pos, end)
+
+
+def _trim(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    while start < end and data[start] in _BREAKS:
+        start += 1
+    while end > start and data[end - 1] in _BREAKS:
+        end -= 1
+    if end > start:
+        yield start, end
+
+
+class Base64View:
+    """One base64 run decoded from character ALIGN on (0-3); the run is re-encoded as a whole."""
+
+    kind = "base64"
+    __slots__ = ("data", "run", "align", "_chars", "_urlsafe", "_width", "_newline", "_padded", "_raw", "_rest")
+
+    def __init__(self, raw: bytes, run: Run, align: int) -> None:
+        self._raw = raw
+        self.run = run
+        self.align = align
+        text = raw[run.start : run.end]
+        first_break = text.find(b"\n")
+        if first_break == -1:
+            self._width = 0
+            self._newline = b"\n"
+        else:
+            self._newline = b"\r\n" if first_break and text[first_break - 1] == 0x0D else b"\n"
+            self._width = first_break - (len(self._newline) - 1)
+        chars = text.replace(b"\r", b"").replace(b"\n", b"") if first_break != -1 or b"\r" in text else text
+        self._chars = chars
+        body = chars[align:]
+        self._urlsafe = b"-" in chars or b"_" in chars
+        self._padded = run.padding > 0 or (len(chars) % 4 == 0 and not self._urlsafe)
+        usable = len(body) - (len(body) % 4 == 1)
+        usable_body = body[:usable]
+        self._rest = body[usable:]  # a lone last character, which decodes to nothing: kept as it is
+        if self._urlsafe:
+            usable_body = usable_body.translate(_URL_TO_STD)
+        try:
+            self.data = binascii.a2b_base64(usable_body + b"=" * (-usable % 4))
+        except binascii.Error:  # pragma: no cover - every byte is from the alphabet
+            self.data = b""
+
+    def reencode(self, decoded: bytes) -> Edit:
+        """The edit that writes DECODED in place of this run from its alignment on."""
+        encoded = binascii.b2a_base64(decoded, newline=False)
+        if not self._padded:
+            encoded = encoded.rstrip(b"=")
+        if self._urlsafe:
+            encoded = encoded.translate(_STD_TO_URL)
+        text = self._chars[: self.align] + encoded + self._rest
+        if self._width:
+            width = self._width
+            text = self._newline.join(text[i : i + width] for i in range(0, len(text), width))
+        # The run's own '=' padding is replaced along with it.
+        return Edit(self.run.start, self.run.end + self.run.padding, text, ())
+
+
+def b64_alphabet_is_urlsafe(text: bytes) -> bool:
+    return b"-" in text or b"_" in text

@@ -1,0 +1,147 @@
+"""The decoded views (``keyveil._views``) alone: decoders against the standard library, maps back, writing back.
+
+Each view must decode exactly as the standard library decodes the same
+layer, map every span of its bytes back to the original bytes they came
+from, and write a replacement so that the carrier, decoded again by the
+standard library, holds exactly the replacement there.
+"""
+
+import base64
+import json
+import random
+import re
+from urllib.parse import quote, unquote_to_bytes
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyveil._views import Base64View, JsonView, PercentView, base64_runs, json_unescape
+
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+def _escape_some(text: str, rng: random.Random) -> str:
+    """A JSON string body with a random subset of characters escaped, in random hex case."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\' or code < 0x20 or rng.random() < 0.4:
+            if ch in "/" and rng.random() < 0.5:
+                out.append("\\/")
+            elif code > 0xFFFF:
+                code -= 0x10000
+                for unit in (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)):
+                    out.append(("\\u%04X" if rng.random() < 0.5 else "\\u%04x") % unit)
+            else:
+                out.append(("\\u%04X" if rng.random() < 0.5 else "\\u%04x") % code)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@settings(max_examples=300)
+@given(texts=st.lists(TEXT, min_size=1, max_size=5), seed=st.integers(0, 2**32))
+def test_json_view_decodes_like_json_loads(texts, seed):
+    rng = random.Random(seed)
+    bodies = [_escape_some(t, rng) for t in texts]
+    raw = ('{"a": [' + ", ".join(f'"{b}"' for b in bodies) + "]}").encode()
+    view = JsonView.build(raw)
+    assert json_unescape(raw) == view.data
+    # Every string decodes, inside the view, to what json.loads makes of it.
+    for text in json.loads(raw)["a"]:
+        assert text.encode() in view.data
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=300), noise=st.lists(st.sampled_from([b"\\", b"\\u", b"\\u00", b"\\ud83d", b"\\udc80", b'\\"', b"\\\\", b'"', b"\\x", b"\\/", b"\\n"]), max_size=20), seed=st.integers(0, 2**32))
+def test_fast_and_mapped_json_decoders_agree_on_anything(data, noise, seed):
+    rng = random.Random(seed)
+    pieces = [data[i : i + 7] for i in range(0, len(data), 7)] + list(noise)
+    rng.shuffle(pieces)
+    raw = b"".join(pieces)
+    assert json_unescape(raw) == JsonView.build(raw).data
+
+
+@settings(max_examples=200)
+@given(text=TEXT.filter(lambda t: len(t) >= 3), seed=st.integers(0, 2**32))
+def test_json_span_maps_back_and_writes_back(text, seed):
+    rng = random.Random(seed)
+    escaped = _escape_some(text, rng)
+    raw = ('{"k": "<' + escaped + '>"}').encode()
+    view = JsonView.build(raw)
+    inner = text.encode()
+    at = view.data.index(b"<" + inner + b">") + 1
+    start, end = view.span(at, at + len(inner))
+    # The span holds exactly the escaped text; writing a replacement keeps JSON valid.
+    assert json.loads(b'"' + raw[start:end] + b'"') == text
+    new = raw[:start] + view.encode(b'a/"b\\c\n', start, end) + raw[end:]
+    assert json.loads(new) == {"k": '<a/"b\\c\n>'}
+
+
+@settings(max_examples=200)
+@given(value=st.binary(min_size=1, max_size=30), safe=st.sampled_from(["", "/", "-_.~", "!*'()"]), seed=st.integers(0, 2**32))
+def test_percent_view_decodes_like_unquote(value, safe, seed):
+    rng = random.Random(seed)
+    encoded = re.sub("%[0-9A-F]{2}", lambda m: m.group(0) if rng.random() < 0.5 else m.group(0).lower(), quote(value, safe=safe))
+    raw = b"q=" + encoded.encode() + b"&x=1"
+    view = PercentView(raw, plus=False)
+    assert view.data == unquote_to_bytes(raw)
+    at = view.data.index(value, 2)
+    start, end = view.span(at, at + len(value))
+    assert unquote_to_bytes(raw[start:end]) == value
+    new = raw[:start] + view.encode(b"{{secret:a/b}} &", start, end) + raw[end:]
+    assert unquote_to_bytes(new) == b"q={{secret:a/b}} &&x=1"
+
+
+def test_percent_view_reads_plus_as_space_only_when_asked():
+    raw = b"a+b%2Bc"
+    assert PercentView(raw, plus=False).data == b"a+b+c"
+    assert PercentView(raw, plus=True).data == b"a b+c"
+
+
+@settings(max_examples=200)
+@given(
+    payload=st.binary(min_size=12, max_size=400),
+    urlsafe=st.booleans(),
+    padded=st.booleans(),
+    width=st.sampled_from([0, 60, 64, 76]),
+    crlf=st.booleans(),
+)
+def test_base64_view_decodes_and_reencodes_in_the_same_style(payload, urlsafe, padded, width, crlf):
+    text = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(payload)
+    if not padded:
+        text = text.rstrip(b"=")
+    if width:
+        newline = b"\r\n" if crlf else b"\n"
+        text = newline.join(text[i : i + width] for i in range(0, len(text), width))
+    raw = b'{"data": "' + text + b'"}'
+    runs = list(base64_runs(raw, 16))
+    assert len(runs) == 1
+    view = Base64View(raw, runs[0], 0)
+    assert view.data == payload
+    replacement = payload[:5] + b"{{secret:x/y}}" + payload[9:]
+    edit = view.reencode(replacement)
+    new = raw[: edit.start] + edit.replacement + raw[edit.end :]
+    run = new[10:-2]
+    decoder = base64.urlsafe_b64decode if urlsafe else base64.b64decode
+    assert decoder(run.replace(b"\r", b"").replace(b"\n", b"") + b"=" * (-len(run.replace(b"\r", b"").replace(b"\n", b"")) % 4)) == replacement
+    if width and len(text) > width:  # the same line width and line ending
+        lines = run.split(b"\r\n" if crlf else b"\n")
+        assert all(len(line) == width for line in lines[:-1]) and len(lines[-1]) <= width
+    if not padded and len(payload) % 3:  # a run that showed it leaves padding out keeps it out
+        assert not run.endswith(b"=")
+
+
+def test_base64_runs_need_the_length_of_a_value():
+    assert list(base64_runs(b"short words only here", 12)) == []
+    raw = b"x " + base64.b64encode(b"0123456789abcdef") + b" y"
+    (run,) = base64_runs(raw, 12)
+    assert raw[run.start : run.end + run.padding] == base64.b64encode(b"0123456789abcdef")
+
+
+def test_base64_view_from_each_offset():
+    payload = b"user:" + b"s3cr3t-value-xyz"
+    raw = b"/upload/z" + base64.b64encode(payload)
+    (run,) = base64_runs(raw, 12)
+    decoded = [Base64View(raw, run, align).data for align in range(4)]
+    assert any(payload in d for d in decoded)
