@@ -230,6 +230,10 @@ def cmd_start(args) -> int:
     from .embed import run_proxy
 
     state = None if args.private else _state_file(home)  # a private proxy is nobody else's
+    if state is not None and _running_proxy(home) is not None:
+        # Another live proxy (the service, say) owns the state file: leave it to
+        # it, or this proxy's exit would hide the service from `keyveil run`.
+        state = None
     return run_proxy(home, host, port, web=args.web, web_port=args.web_port, proxyauth=proxyauth, state_file=state)
 
 
@@ -277,7 +281,7 @@ def _free_port() -> int:
 def cmd_env(args) -> int:
     home = _home()
     ensure_ca(home)
-    url = _running_proxy(home) or f"http://{LOOPBACK}:{DEFAULT_PORT}"
+    url = _running_proxy(home) or _service_url() or f"http://{LOOPBACK}:{DEFAULT_PORT}"
     for key, value in proxy_env(home, url).items():
         _out(f"export {key}={shlex.quote(value)}")
     return 0
@@ -342,6 +346,43 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) ->
         except OSError:
             time.sleep(0.05)
     return False
+
+
+# -- service ----------------------------------------------------------------------------
+
+
+def _service_url() -> str | None:
+    """The address of the installed user service, if there is one."""
+    from . import _service
+
+    return _service.read_installed(_service.layout(_service.default_platform(), os.environ)).url
+
+
+def cmd_service(args) -> int:
+    from . import _service
+
+    home = _home()
+    lay = _service.layout(args.platform or _service.default_platform(), os.environ)
+    if args.action == "uninstall":
+        for line in _service.uninstall(lay):
+            _out(line)
+        return 0
+    if args.action == "status":
+        findings = _service.checks(home, lay, os.environ, session_for=lambda url: proxy_env(home, url), running=_running_proxy(home))
+        for f in findings:
+            _out(_service.format_finding(f))
+        return 0 if all(f.ok is not False for f in findings) else 2
+    host, port = _parse_listen(args.listen)
+    url = _service.check_listen(host, port)
+    notes = _service.check_vault(home, os.environ)
+    ensure_ca(home)  # the session variables name the CA files
+    svc = _service.service(home, url, proxy_env(home, url), os.environ)
+    for line in [*_service.install(lay, svc), *notes]:
+        _out(line)
+    if args.system_proxy:
+        _out("")
+        _out(_service.system_proxy_text(lay.platform, url))
+    return 0
 
 
 # -- audit / doctor -------------------------------------------------------------------
@@ -432,6 +473,20 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--follow", "-f", action="store_true")
     audit.add_argument("--limit", type=int, default=50)
     audit.set_defaults(func=cmd_audit)
+
+    service = sub.add_parser("service", help="keep the proxy always on as a user service")
+    vsub = service.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("install", "write the user service and the session variables; print how to activate them"),
+        ("uninstall", "remove exactly what install wrote"),
+        ("status", "installed? answering? does this shell point at it?"),
+    ):
+        p = vsub.add_parser(action, help=text)
+        p.add_argument("--platform", choices=("linux", "macos"), help="write or check the files of this platform (default: this one)")
+        if action == "install":
+            p.add_argument("--listen", default=f"{LOOPBACK}:{DEFAULT_PORT}", metavar="HOST:PORT")
+            p.add_argument("--system-proxy", action="store_true", help="also print (never apply) the desktop proxy settings")
+    service.set_defaults(func=cmd_service)
 
     sub.add_parser("doctor", help="check home, vault, rules, CA and a sealed round trip").set_defaults(func=cmd_doctor)
     return parser

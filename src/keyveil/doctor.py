@@ -1,4 +1,4 @@
-"""`keyveil doctor`: check home, rules, vault, CA and a sealed round trip.
+"""`keyveil doctor`: check home, rules, vault, CA, a sealed round trip, and the service.
 
 Each check prints one line, ok or what to do. Nothing printed holds a value.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import stat
 
 from ._errors import KeyveilError
@@ -72,4 +73,20 @@ def run_doctor(home: Home) -> int:
             if out.block or value in (out.request.body or b""):
                 leaked.append(name)
         report(not leaked, "sealed round trip toward a model vendor", "sealing failed for: " + ", ".join(leaked))
+
+    # The always-on service is optional: checked only once it is installed.
+    from . import _service
+    from .cli import _running_proxy, proxy_env
+
+    lay = _service.layout(_service.default_platform(), os.environ)
+    found = _service.read_installed(lay)
+    if not found.texts and not found.foreign:
+        print("note service not installed (optional: `keyveil service install` keeps the proxy always on)")
+    else:
+        session_for = lambda url: proxy_env(home, url)  # noqa: E731
+        for f in _service.checks(home, lay, os.environ, session_for=session_for, running=_running_proxy(home)):
+            if f.ok is None:
+                print(_service.format_finding(f), flush=True)
+            else:
+                report(f.ok, f.what, f.fix)
     return 0 if failures == 0 else 2
