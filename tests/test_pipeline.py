@@ -118,26 +118,53 @@ def test_provider_signed_fields_are_never_changed(values):
     import base64 as b64
 
     v = values["github/pat"]
-    # A vendor signature is a long base64 blob; by chance it may hold a stretch
-    # that reads as the base64 of a value. Re-encoding it would break the
-    # conversation, so base64 inside signed fields is left alone...
+    # Vendor-signed fields, at their place in each vendor's request schema,
+    # are left as the vendor wrote them (SPEC §6). The blob is made to hold
+    # a value's base64 only so that a rewrite would show.
     blob = b64.b64encode(b"\x07" * 30 + v + b"\x01" * 30).decode()
     body = json.dumps(
         {
-            "content": [
-                {"type": "thinking", "thinking": "see " + v.decode(), "signature": blob},
-                {"type": "redacted_thinking", "data": blob},
-                {"type": "reasoning", "encrypted_content": blob},
-            ]
+            "messages": [
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "see " + v.decode(), "signature": blob},
+                    {"type": "redacted_thinking", "data": blob},
+                ]},
+            ],
+            "input": [{"type": "reasoning", "encrypted_content": blob}],
+            "contents": [{"role": "model", "parts": [{"text": "ok", "thoughtSignature": blob}]}],
         }
     ).encode()
-    assert len(protected_spans(body)) == 3
+    assert len(protected_spans(body)) == 4
     out = make_engine(values).process_request(req("api.anthropic.com", body=body, method="POST", ct="application/json"))
     doc = json.loads(out.request.body)
-    assert doc["content"][0]["thinking"] == "see {{secret:github/pat}}"
-    assert doc["content"][0]["signature"] == blob
-    assert doc["content"][1]["data"] == blob
-    assert doc["content"][2]["encrypted_content"] == blob
+    blocks = doc["messages"][0]["content"]
+    assert blocks[0]["thinking"] == "see {{secret:github/pat}}"
+    assert blocks[0]["signature"] == blob and blocks[1]["data"] == blob
+    assert doc["input"][0]["encrypted_content"] == blob
+    assert doc["contents"][0]["parts"][0]["thoughtSignature"] == blob
+
+
+def test_a_field_named_like_a_signed_one_elsewhere_is_sealed(values):
+    import base64 as b64
+
+    v = values["github/pat"]
+    blob = b64.b64encode(b"user:" + v).decode()
+    # A user's own JSON (a tool result) with a `signature` field, and a
+    # `data` field outside a redacted_thinking block: not the vendor's.
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "content": json.dumps({"signature": blob})},
+                {"type": "text", "text": "x", "signature": blob},
+                {"type": "document", "data": blob},
+            ]}],
+            "signature": blob,
+        }
+    ).encode()
+    assert protected_spans(body) == []
+    out = make_engine(values).process_request(req("api.anthropic.com", body=body, method="POST", ct="application/json"))
+    assert v not in out.request.body
+    assert b64.b64encode(b"user:{{secret:github/pat}}") in out.request.body.replace(b"\\/", b"/")
 
 
 def test_raw_value_in_a_field_named_like_a_signed_field_is_sealed(values):

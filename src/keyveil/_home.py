@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,24 @@ class Home:
     @property
     def audit(self) -> Path:
         return self.root / "audit"
+
+    @property
+    def generation(self) -> Path:
+        """Bumped by every `keyveil secret` command that changed the vault; holds no value."""
+        return self.vault / "generation"
+
+    def bump_generation(self) -> None:
+        """Tell a running proxy the vault changed: a new file (a new inode) every time."""
+        tmp = self.generation.with_name(f".generation.{os.getpid()}.tmp")
+        tmp.write_text(f"{time.time_ns()}\n")
+        os.replace(tmp, self.generation)
+
+    def generation_stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.generation)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def ensure(self) -> bool:
         """Create missing folders and the rules file. True when the rules file was created."""

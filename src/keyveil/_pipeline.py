@@ -9,6 +9,7 @@ of mitmproxy or sockets, and no message it writes ever holds a value.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
@@ -35,11 +36,12 @@ STATUS = {
 _AUTH_HEADERS = {b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"}
 _AUTHISH = re.compile(rb"token|key|secret|auth|passw|credential", re.IGNORECASE)
 
-# Vendor-written opaque fields (SPEC §6): never changed.
+# Vendor-written opaque fields (SPEC §6), found by name in the raw body; only
+# those at their place in the vendor's request schema are left as they are.
 _SIGNED_FIELD = re.compile(
-    rb'"(?:signature|encrypted_content|thoughtSignature|thought_signature)"\s*:\s*"(?:[^"\\]|\\.)*"'
+    rb'"(signature|data|encrypted_content|thoughtSignature|thought_signature)"\s*:\s*"((?:[^"\\]|\\.)*)"'
 )
-_REDACTED_THINKING = re.compile(rb'\{[^{}]*"type"\s*:\s*"redacted_thinking"[^{}]*\}')
+_SIGNED_MARKERS = (b'"signature"', b"redacted_thinking", b'"encrypted_content"', b"houghtSignature", b"hought_signature")
 
 
 @dataclass
@@ -93,18 +95,65 @@ class _References:
 
 
 def protected_spans(data: bytes) -> list[tuple[int, int]]:
-    """Spans of vendor-signed fields in a JSON body.
+    """Spans of the vendor-signed fields of a provider request body (SPEC §6).
 
-    A vendor-written blob cannot hold a value the vendor never saw, but a long
-    base64 blob can hold a few characters that look like the base64 of one:
-    the sealer leaves base64 forms inside these spans alone. A raw, JSON or
-    percent form found there was not written by the vendor and is sealed.
+    Only the fields the vendors sign, at their place in the vendor's request
+    schema: Anthropic ``messages[].content[]`` blocks of type ``thinking``
+    (``signature``) and ``redacted_thinking`` (``data``); OpenAI Responses
+    ``input[]`` items of type ``reasoning`` (``encrypted_content``); Gemini
+    ``contents[].parts[].thoughtSignature``. The vendor wrote them and cannot
+    have put a value it never saw there, so their base64 is never rewritten;
+    a field of the same name anywhere else (a user's JSON, a tool result) is
+    sealed like any other text.
     """
-    if b"signature" not in data and b"redacted_thinking" not in data and b"encrypted_content" not in data:
+    if not any(m in data for m in _SIGNED_MARKERS):
         return []
-    spans = [m.span() for m in _SIGNED_FIELD.finditer(data)]
-    spans += [m.span() for m in _REDACTED_THINKING.finditer(data)]
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return []  # not one JSON document: no vendor schema, nothing shielded
+    signed = _signed_values(doc)
+    if not signed:
+        return []
+    spans = []
+    for m in _SIGNED_FIELD.finditer(data):
+        try:
+            text = json.loads(b'"' + m.group(2) + b'"')
+        except ValueError:
+            continue
+        if (m.group(1).decode(), text) in signed:
+            spans.append(m.span(2))
     return spans
+
+
+def _signed_values(doc) -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    if not isinstance(doc, dict):
+        return out
+
+    def take(obj, key: str) -> None:
+        value = obj.get(key)
+        if isinstance(value, str):
+            out.add((key, value))
+
+    for message in doc.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "thinking":
+                take(block, "signature")
+            elif isinstance(block, dict) and block.get("type") == "redacted_thinking":
+                take(block, "data")
+    items = doc.get("input")
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and item.get("type") == "reasoning":
+            take(item, "encrypted_content")
+    for content in doc.get("contents") or ():
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if isinstance(part, dict):
+                take(part, "thoughtSignature")
+                take(part, "thought_signature")
+    return out
 
 
 def body_encoder(content_type: str):
@@ -226,7 +275,8 @@ class Engine:
             left = refs.anywhere if self.policy.unbound_reference == "block" else refs.auth
             if left:
                 name = sorted(left)[0]
-                out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
+                # The message quotes the path as sealed, never after injection.
+                out.block = Block("unbound_reference", self._unbound_message(out.sealed_request, name), (name,))
                 return out
 
         out.request = req

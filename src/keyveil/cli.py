@@ -129,12 +129,14 @@ def cmd_secret(args) -> int:
             )
         name = _name(args.name)
         vault.set(name, _read_value(name))
+        home.bump_generation()  # a running proxy seals the new value from its very next request
         _out(f"stored {name}; use it as {format_reference(name)}")
         if name not in _rules_names(home):
             _out(f"note: {name} is not bound to any host yet; add it under secrets: in {home.rules}")
         return 0
     if args.action == "rm":
         vault.remove(_name(args.name))
+        home.bump_generation()
         _out(f"removed {args.name}")
         return 0
     # list
