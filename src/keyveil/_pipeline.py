@@ -18,7 +18,7 @@ from ._engine import Sealer
 from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
 from ._references import find_references, find_url_references, format_reference, may_hold_reference
 from ._rules import CompiledRules
-from ._vault import VaultSnapshot
+from .vault import VaultSnapshot
 
 # Block codes (SPEC §6) and their HTTP status.
 STATUS = {
@@ -128,6 +128,8 @@ class Engine:
         self.rules = rules
         self.policy = rules.rules.policy
         self.values = dict(snapshot.current)
+        # keyveil.vault: entries the store would not let keyveil read (name -> value-free reason)
+        self.unavailable = dict(getattr(snapshot, "unavailable", None) or {})
         every = {name: [value] for name, value in snapshot.current.items()}
         for name, previous in snapshot.previous.items():
             every.setdefault(name, []).extend(previous)
@@ -199,9 +201,12 @@ class Engine:
         missing_used = missing & refs.valueless
         if missing_used:
             name = sorted(missing_used)[0]
+            reason = self.unavailable.get(name)
             out.block = Block(
                 "vault_unavailable",
-                f"{name} is bound to {req.host} but the vault holds no value for it: "
+                f"{name} is bound to {req.host} but the vault would not give keyveil its value: {reason}"
+                if reason
+                else f"{name} is bound to {req.host} but the vault holds no value for it: "
                 f"run `keyveil secret set {name}`",
                 (name,),
             )

@@ -32,14 +32,13 @@ from ._home import Home, default_home
 from ._hosts import normalize_host
 from ._pipeline import Block, Engine, Outcome, Request
 from ._rules import load_rules
-from ._vault import open_vault
+from .vault import VaultWatcher, open_vault
 
 log = logging.getLogger("keyveil")
 
 _ANTHROPIC = ("api.anthropic.com",)
 _OPENAI = ("api.openai.com", "chatgpt.com")
 _META = "keyveil"
-_VAULT_CHECK_SECONDS = 1.0  # how stale the running proxy's view of the vault may be
 
 
 class Blocked(Exception):
@@ -147,10 +146,10 @@ class Keyveil:
         self.load_error: KeyveilError | None = None
         self.home: Home | None = None
         self.audit: AuditLog | None = None
-        self._vault = None
-        self._vault_fingerprint: str | None = None
-        self._vault_checked = 0.0
-        self._vault_error: Block | None = None
+        # keyveil.vault: the watcher keeps the vault's snapshot current (a remote
+        # store is read off the event loop); the engine is rebuilt when it changes.
+        self._vault: VaultWatcher | None = None
+        self._snapshot = None
         self._tunnels: dict[str, tuple[str, int]] = {}
 
     # -- options and loading ---------------------------------------------------
@@ -177,12 +176,13 @@ class Keyveil:
         home.ensure()
         rules_path = Path(ctx.options.keyveil_rules).expanduser() if ctx.options.keyveil_rules else home.rules
         rules = load_rules(rules_path)
-        vault = open_vault(home.root)
-        snapshot = vault.load()
+        watcher = VaultWatcher(open_vault(home.root))
+        snapshot = watcher.start()  # VaultUnavailable here stops the proxy (exit 2)
         _warn_if_exposed(rules_path, home)
         self.engine = Engine(rules, snapshot)
-        self._vault = vault
-        self._vault_fingerprint = vault.fingerprint()
+        if self._vault is not None:
+            self._vault.close()
+        self._vault, self._snapshot = watcher, snapshot
         self.home = home
         if self.audit is None or self.audit.directory != home.audit:
             self.audit = AuditLog(home.audit)
@@ -220,24 +220,21 @@ class Keyveil:
             ctx.master.addons.add(KeyveilUnloaded())
         if self.audit:
             self.audit.close()
+        if self._vault is not None:
+            self._vault.close()
 
     def _current_engine(self) -> Engine:
-        """The engine, recompiled when the vault changed on disk."""
+        """The engine, recompiled when the vault's snapshot changed."""
         assert self.engine is not None
-        now = time.monotonic()
-        if self._vault is not None and now - self._vault_checked >= _VAULT_CHECK_SECONDS:
-            self._vault_checked = now
-            fingerprint = self._vault.fingerprint()
-            if fingerprint != self._vault_fingerprint or self._vault_error is not None:
-                try:
-                    self.engine = Engine(self.engine.rules, self._vault.load())
-                    self._vault_fingerprint = fingerprint
-                    self._vault_error = None
-                except KeyveilError as e:
-                    # Until a later check reads it again, every flow is blocked.
-                    self._vault_error = Block("vault_unavailable", f"the vault cannot be read: {e}")
-        if self._vault_error is not None:
-            raise Blocked(self._vault_error)
+        if self._vault is not None:
+            try:
+                snapshot = self._vault.snapshot(time.monotonic())
+            except VaultUnavailable as e:
+                # Until the vault is readable again, every flow is blocked.
+                raise Blocked(Block("vault_unavailable", f"the vault cannot be read: {e}")) from None
+            if snapshot is not self._snapshot:
+                self.engine = Engine(self.engine.rules, snapshot)
+                self._snapshot = snapshot
         return self.engine
 
     # -- connections -----------------------------------------------------------

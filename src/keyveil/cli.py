@@ -114,7 +114,7 @@ def _read_value(name: str) -> bytes:
 
 
 def cmd_secret(args) -> int:
-    from ._vault import open_vault
+    from .vault import open_vault
 
     home = _home()
     if args.action == "ref":
@@ -328,7 +328,10 @@ def cmd_run(args) -> int:
 
 def _withheld(var: str) -> bool:
     """Variables the agent must not inherit: they open the vault."""
-    return var == "KEYVEIL_PASSPHRASE" or var.startswith("KEYVEIL_SECRET_") or var == "KEYVEIL_PROXYAUTH"
+    return (
+        var in ("KEYVEIL_PASSPHRASE", "KEYVEIL_PROXYAUTH", "BAO_TOKEN", "VAULT_TOKEN")
+        or var.startswith("KEYVEIL_SECRET_")
+    )
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> bool:
