@@ -425,4 +425,4 @@ def test_zz_no_value_in_any_output(proxy, up, kv):
             assert form not in data
     audit = [json.loads(line) for p in (kv.home / "audit").glob("*.jsonl") for line in p.read_text().splitlines()]
     assert {"sealed", "injected", "scrubbed", "blocked"} <= {a["action"] for a in audit}
-    assert all(set(a) == {"ts", "flow", "client", "method", "host", "path", "action", "names", "counts", "code"} for a in audit)
+    assert all(set(a) == {"ts", "flow", "client", "method", "host", "path", "action", "names", "counts", "code", "agent"} for a in audit)

@@ -71,6 +71,7 @@ class AuditLog:
         action: str,
         names: Mapping[str, int] | None = None,
         code: str | None = None,
+        agent: str | None = None,
     ) -> None:
         names = dict(names or {})
         record = {
@@ -84,6 +85,7 @@ class AuditLog:
             "names": sorted(names),
             "counts": names,
             "code": code,
+            "agent": agent,
         }
         line = json.dumps(record, separators=(",", ":"))
         try:

@@ -25,6 +25,7 @@ from mitmproxy.net import encoding
 from mitmproxy.net.http import url
 
 from . import _codecs
+from ._agents import REALM, AuthRequired, authenticate
 from ._audit import AuditLog
 from ._engine import StreamSealer
 from ._errors import KeyveilError, VaultUnavailable
@@ -151,6 +152,7 @@ class Keyveil:
         self._vault: VaultWatcher | None = None
         self._snapshot = None
         self._tunnels: dict[str, tuple[str, int]] = {}
+        self._agents: dict[str, str] = {}  # keyveil agents: client connection id -> agent of its CONNECT
 
     # -- options and loading ---------------------------------------------------
 
@@ -244,6 +246,49 @@ class Keyveil:
             self._tunnels[flow.client_conn.id] = (normalize_host(flow.request.host), flow.request.port)
         except ValueError:
             flow.response = _block_response(Block("host_mismatch", "the CONNECT target is not a valid host name"), "")
+        if flow.response is None and self.engine is not None and self.engine.rules.agents is not None:
+            try:
+                engine = self._current_engine()  # the agents' passwords as the vault holds them now
+            except Blocked as e:
+                flow.response = _block_response(e.block, "")
+                return
+            self._authenticate(flow, engine, remember=True)
+
+    # -- keyveil agents (rules `agents:`): proxy authentication -------------------
+
+    def _authenticate(self, flow: http.HTTPFlow, engine: Engine, remember: bool = False) -> bool:
+        """Set the flow's agent from its Proxy-Authorization, or answer 407.
+
+        A CONNECT tunnel is authenticated once (REMEMBER), for every request in it."""
+        try:
+            agent = authenticate(engine.rules, engine.values, flow.request.headers.get("proxy-authorization"))
+        except AuthRequired as e:
+            log.warning("keyveil: proxy authentication refused for %s: %s", _safe_host(flow), e)
+            flow.response = http.Response.make(
+                407,
+                json.dumps({"error": {"type": "keyveil_proxy_auth", "message": f"keyveil: {e}"}}).encode(),
+                {"content-type": "application/json", "proxy-authenticate": f'Basic realm="{REALM}"'},
+            )
+            return False
+        except Exception as e:  # noqa: BLE001 - never let a client through unauthenticated
+            log.error("keyveil: proxy authentication failed (%s)", type(e).__name__)
+            flow.response = _block_response(Block("internal_error", "keyveil could not check the proxy credentials"), "")
+            return False
+        flow.request.headers.pop("proxy-authorization", None)
+        if remember:
+            self._agents[flow.client_conn.id] = agent
+        flow.metadata.setdefault(_META, {})["agent"] = agent
+        return True
+
+    def _agent(self, flow: http.HTTPFlow, engine: Engine) -> bool:
+        """With agents, the flow's agent (from its tunnel, else its own credentials); False: 407 sent."""
+        if engine.rules.agents is None:
+            return True
+        agent = self._agents.get(flow.client_conn.id)
+        if agent is None:
+            return self._authenticate(flow, engine)
+        flow.metadata[_META]["agent"] = agent
+        return True
 
     def tls_clienthello(self, data) -> None:
         """Passthrough hosts (rules `passthrough:`) are not intercepted at all."""
@@ -260,6 +305,7 @@ class Keyveil:
 
     def client_disconnected(self, client) -> None:
         self._tunnels.pop(client.id, None)
+        self._agents.pop(client.id, None)
 
     def _destination(self, flow: http.HTTPFlow) -> tuple[str, int]:
         """The host the client asked the proxy to reach (SPEC §6 step 1).
@@ -297,6 +343,8 @@ class Keyveil:
         engine = self._current_engine()
         host, port = self._destination(flow)
         flow.metadata[_META] = {"host": host, "port": port}
+        if not self._agent(flow, engine):  # keyveil agents: 407 without valid proxy credentials
+            return
         req = flow.request
         size = _content_length(req)
         # mitmproxy switches a body of unknown size to raw streaming only once
@@ -417,6 +465,7 @@ class Keyveil:
             headers=list(req.headers.fields),
             body=body,
             content_type=req.headers.get("content-type", ""),
+            agent=flow.metadata.get(_META, {}).get("agent"),
         )
 
     def _apply(self, flow: http.HTTPFlow, outcome: Outcome, body: bytes | None, encoding_name: str | None) -> None:
@@ -643,6 +692,7 @@ class Keyveil:
                 action=action,
                 names=dict(counts),
                 code=code,
+                agent=meta.get("agent"),
             )
         if counts and action != "blocked":
             summary = ", ".join(f"{n} ×{c}" for n, c in sorted(counts.items()))
