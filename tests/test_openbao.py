@@ -594,3 +594,157 @@ def test_token_file_and_an_expired_token_are_reported(bao, upstream, up, tmp_pat
         assert r.headers["x-keyveil-block"] == "vault_unavailable"
         assert "BAO_TOKEN is not valid (expired or revoked)" in r.json()["error"]["message"]
     team.assert_quiet(p.output().encode(), q.output().encode())
+
+
+# --- agents, with their passwords in the store --------------------------------------------------
+
+
+def test_two_agents_on_one_proxy_with_passwords_in_openbao(bao, upstream, up, tmp_path, prefix):
+    rules = RULES + "agents:\n  ci-bot:\n    secrets: [github/pat]\n  docs-bot:\n    secrets: [gitlab/token]\n"
+    team = Team(bao, tmp_path, prefix, rules)
+    pat, tok = fresh("ghp_"), fresh("glpat-")
+    team.set("github/pat", pat)
+    team.set("gitlab/token", tok)
+    passwords = {agent: fresh("pw-") for agent in ("ci-bot", "docs-bot")}
+    for agent, password in passwords.items():
+        team.bao_put(f"agents/{agent}", password)  # provisioned in the store, never in rules.yaml
+
+    def agent_client(p, agent):
+        url = p.url.replace("http://", f"http://{agent}:{passwords[agent].decode()}@")
+        return httpx.Client(proxy=url, verify=infra.client_ssl_context(p.ca_cert), trust_env=False, timeout=20)
+
+    with team.proxy(upstream, tmp_path / "p") as p, agent_client(p, "ci-bot") as ci, agent_client(p, "docs-bot") as docs:
+        r = ci.get("https://api.github.com/ci", headers={"authorization": "Bearer {{secret:github/pat}}"})
+        assert r.status_code == 200 and sent_authorization(up, "/ci") == "Bearer " + pat.decode()
+        r = docs.get("https://gitlab.test.keyveil/docs", headers={"authorization": "Bearer {{secret:gitlab/token}}"})
+        assert r.status_code == 200 and sent_authorization(up, "/docs") == "Bearer " + tok.decode()
+        r = docs.get("https://api.github.com/docs", headers={"authorization": "Bearer {{secret:github/pat}}"})
+        assert r.headers.get("x-keyveil-block") == "unbound_reference"
+        r = ci.get("https://gitlab.test.keyveil/ci", headers={"authorization": "Bearer {{secret:gitlab/token}}"})
+        assert r.headers.get("x-keyveil-block") == "unbound_reference"
+        # A password rotated in the store is in force within the bound; the old one is refused.
+        new = fresh("pw-")
+        team.bao_put("agents/ci-bot", new)
+        old, passwords["ci-bot"] = passwords["ci-bot"], new
+
+        def rotated() -> bool:
+            with agent_client(p, "ci-bot") as c:
+                try:
+                    return c.get("https://api.github.com/again", headers={"authorization": "Bearer {{secret:github/pat}}"}).status_code == 200
+                except httpx.ProxyError:
+                    return False
+
+        wait_until(rotated, 15, "the rotated agent password was not taken")
+        passwords["ci-bot"] = old
+        with agent_client(p, "ci-bot") as c, pytest.raises(httpx.ProxyError, match="407"):
+            c.get("https://api.github.com/old")
+    team.assert_quiet(p.output().encode())
+
+
+# --- Kubernetes service-account login --------------------------------------------------------
+
+
+class FakeTokenReview:
+    """The one Kubernetes API call OpenBao's kubernetes auth makes at login:
+    POST /apis/authentication.k8s.io/v1/tokenreviews, over TLS (trustme CA).
+    It authenticates the tokens it was told about, as service account agents/coding-agent."""
+
+    def __init__(self, tmp: Path) -> None:
+        import http.server
+        import threading
+
+        import trustme
+
+        ca = trustme.CA()
+        self.ca = tmp / "k8s-ca.pem"
+        ca.cert_pem.write_to_path(str(self.ca))
+        self.valid: set[str] = set()
+        self.reviews = 0
+        review = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+                review.reviews += 1
+                ok = self.path == "/apis/authentication.k8s.io/v1/tokenreviews" and body["spec"]["token"] in review.valid
+                status = {"authenticated": ok}
+                if ok:
+                    status["user"] = {"username": "system:serviceaccount:agents:coding-agent", "uid": "uid-1", "groups": []}
+                data = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}).encode()
+                self.send_response(201)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ca.issue_cert("127.0.0.1").configure_cert(context)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def jwt(self, valid: bool = True) -> str:
+        """A service-account token (RS256, a throwaway key: the API server's review is what counts)."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+        def b64(data: bytes) -> bytes:
+            return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+        claims = {
+            "iss": "kubernetes/serviceaccount",
+            "sub": "system:serviceaccount:agents:coding-agent",
+            "kubernetes.io/serviceaccount/namespace": "agents",
+            "kubernetes.io/serviceaccount/service-account.name": "coding-agent",
+            "kubernetes.io/serviceaccount/service-account.uid": "uid-1",
+            "jti": secrets.token_hex(8),
+        }
+        signing = b64(json.dumps({"alg": "RS256", "typ": "JWT"}).encode()) + b"." + b64(json.dumps(claims).encode())
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        token = (signing + b"." + b64(key.sign(signing, padding.PKCS1v15(), hashes.SHA256()))).decode()
+        if valid:
+            self.valid.add(token)
+        return token
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_kubernetes_service_account_login(bao, upstream, up, tmp_path, prefix):
+    """A proxy logs in with its pod's service-account JWT (OpenBao's kubernetes auth method,
+    which asks the Kubernetes TokenReview API: a fake one here); a token the API does not
+    accept stops it with exit 2 and a message naming the role."""
+    k8s = FakeTokenReview(tmp_path)
+    try:
+        tag = secrets.token_hex(3)
+        mount, role = f"k8s-{tag}", f"agents-{tag}"
+        bao.cli("auth", "enable", f"-path={mount}", "kubernetes")
+        bao.cli("write", f"auth/{mount}/config", f"kubernetes_host={k8s.url}", f"kubernetes_ca_cert=@{k8s.ca}", "disable_local_ca_jwt=true")
+        bao.cli("policy", "write", role, "-", stdin=proxy_policy(prefix).encode())
+        bao.cli(
+            "write", f"auth/{mount}/role/{role}", "bound_service_account_names=coding-agent",
+            "bound_service_account_namespaces=agents", f"token_policies={role}", "token_ttl=1h",
+        )
+        team = Team(bao, tmp_path, prefix)
+        pat = fresh("ghp_")
+        team.set("github/pat", pat)
+        jwt_file = tmp_path / "sa-token"
+        jwt_file.write_text(k8s.jwt())
+        env = {"BAO_TOKEN": "", "KEYVEIL_BAO_K8S_ROLE": role, "KEYVEIL_BAO_K8S_MOUNT": mount, "KEYVEIL_BAO_K8S_JWT_FILE": str(jwt_file)}
+        with team.proxy(upstream, tmp_path / "p", env=env) as p, client(p) as c:
+            r = c.get("https://api.github.com/k8s", headers={"authorization": "Bearer {{secret:github/pat}}"})
+            assert r.status_code == 200 and sent_authorization(up, "/k8s") == "Bearer " + pat.decode()
+        assert k8s.reviews >= 1
+        jwt_file.write_text(k8s.jwt(valid=False))
+        q = team.proxy(upstream, tmp_path / "q", env=env)
+        assert q.wait_exit() == 2
+        assert f"Kubernetes login to {bao.addr} (auth/{mount}, role {role}) was refused" in q.output()
+        team.values += [t.encode() for t in k8s.valid]  # a service-account token is never printed either
+        team.assert_quiet(p.output().encode(), q.output().encode())
+    finally:
+        k8s.close()
