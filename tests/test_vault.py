@@ -714,3 +714,12 @@ def test_watcher_retries_unreadable_entries_every_poll() -> None:
     assert watcher.snapshot(2.0).unavailable == {}
     watcher.snapshot(3.0)
     assert vault.loads == 3  # all read: back to one fingerprint per poll
+
+
+def test_watcher_keeps_the_snapshot_object_when_a_reload_reads_the_same_values() -> None:
+    """A reload that finds nothing new must not make the proxy rebuild its engine."""
+    vault = FakeVault()
+    watcher = VaultWatcher(vault, poll_seconds=1, grace_seconds=0, background=False, clock=lambda: 0.0)
+    first = watcher.start()
+    vault.version = 2  # metadata changed, values did not
+    assert watcher.snapshot(1.0) is first and vault.loads == 2

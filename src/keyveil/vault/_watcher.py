@@ -77,7 +77,7 @@ class VaultWatcher:
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=self.poll_seconds + 5)
+            thread.join(timeout=1.0)  # a daemon: one stuck in a slow read is left to end with the process
 
     def _poll_loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):
@@ -122,6 +122,8 @@ class VaultWatcher:
             self._good_at = now
             self._fingerprint = latest
             before = self._snapshot
+            if snapshot is not None and snapshot == before:
+                snapshot = None  # the same values: keep the object, so the proxy does not recompile
             if snapshot is not None:
                 self._snapshot = snapshot
         if recovered:
