@@ -368,8 +368,9 @@ def test_three_proxies_on_one_store_see_a_rotation_within_the_bound(bao, upstrea
 
             wait_until(rotated, 15, f"proxy {i} did not inject the new version")
             took.append(time.monotonic() - written)
-        # The documented bound, plus a second for the requests themselves on a loaded machine.
-        assert max(took) <= 6.0, f"rotation reached the proxies after {took} s"
+        # The documented bound (5 s), plus the probe requests themselves, sent one proxy
+        # after the other, on a loaded machine. bench/openbao_bench.py measures it properly.
+        assert max(took) <= 5.0 + 2.5, f"rotation reached the proxies after {took} s"
 
         for i, c in enumerate(clients):
             # The old value toward a model vendor is sealed; toward another host it is blocked.
