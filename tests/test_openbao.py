@@ -269,7 +269,11 @@ def test_secret_set_list_rm_and_rotate_through_keyveil_and_the_bao_cli(bao, tmp_
     assert rows["github/pat"][1] == "1" and rows["gitlab/token"][1] == "1"
     assert "api.github.com" in r.stdout.decode()
 
-    team.set("github/pat", pat1)  # the same value again: no new version
+    # The same value again writes no new version; keyveil talks to the store directly,
+    # even from a shell whose HTTPS_PROXY points at a proxy (here: nothing at all).
+    closed = f"http://127.0.0.1:{free_port_pair()}"
+    r = team.keyveil("secret", "set", "github/pat", stdin=pat1, env={"HTTPS_PROXY": closed, "https_proxy": closed})
+    assert r.returncode == 0, r.stderr
     team.set("github/pat", pat2)  # rotation through keyveil
     team.bao_put("github/pat", pat3)  # rotation through the bao CLI
     meta = json.loads(bao.cli("kv", "metadata", "get", "-format=json", "-mount=secret", f"{prefix}github/pat").stdout)
