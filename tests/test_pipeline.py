@@ -8,7 +8,7 @@ import pytest
 
 from keyveil._pipeline import Engine, Request, protected_spans
 from keyveil._rules import parse_rules
-from keyveil._vault import VaultSnapshot
+from keyveil.vault import VaultSnapshot
 
 RULES = """
 version: 1

@@ -175,7 +175,7 @@ def test_missing_providers_file_is_refused(tmp_path):
         ("version: 1\npolicyy: {}\n", "rules.yaml:2: policyy: unknown field; did you mean 'policy'?"),
         (
             "version: 1\nzzz: 1\n",
-            "rules.yaml:2: zzz: unknown field; expected one of: version, providers, secrets, policy, passthrough",
+            "rules.yaml:2: zzz: unknown field; expected one of: version, providers, secrets, policy, passthrough, agents",
         ),
         ("version: 1\nsecrets: [\n", "rules.yaml:3: (yaml): while parsing a flow node; expected the node content, but found '<stream end>'"),
         ("version: 1\nsecrets: a: b\n", "rules.yaml:2: (yaml): mapping values are not allowed here"),

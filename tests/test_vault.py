@@ -23,12 +23,14 @@ except ImportError:  # running from a checkout that is not installed
 
 from keyring_fake import PATH_VAR, FileKeyring
 
-from keyveil import _vault
+import keyveil.vault
+from keyveil.vault import _base
 from keyveil._errors import UsageError, ValueRefused, VaultUnavailable
-from keyveil._vault import (
+from keyveil.vault import (
     MIN_VALUE_LENGTH,
     RETENTION,
     VaultSnapshot,
+    VaultWatcher,
     check_value,
     env_var,
     open_vault,
@@ -84,7 +86,7 @@ def isolated(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(_vault, "_now", c)
+    monkeypatch.setattr(_base, "now", c)
     return c
 
 
@@ -481,9 +483,9 @@ def test_keyring_key_is_reused_by_a_subprocess(home: Path, fake_keyring: FileKey
     """The fake keyring works across processes, as the CLI and the proxy share the vault."""
     value = fresh()
     open_vault(home).set("github/pat", value)
-    src = Path(_vault.__file__).resolve().parents[1]
+    src = Path(keyveil.vault.__file__).resolve().parents[2]
     code = (
-        "import os, sys; from pathlib import Path; from keyveil._vault import open_vault\n"
+        "import os, sys; from pathlib import Path; from keyveil.vault import open_vault\n"
         "snap = open_vault(Path(sys.argv[1])).load()\n"
         "print(sorted(snap.current), snap.current['github/pat'] == os.environb[b'EXPECTED'])\n"
     )
@@ -615,3 +617,109 @@ def test_unknown_backend(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
 
 def test_default_backend_is_file(home: Path) -> None:
     assert open_vault(home).backend == "file"
+
+
+# --- VaultWatcher: what a running proxy sees ------------------------------------------
+
+
+class FakeVault:
+    """A vault whose answers the test sets; it counts the reads."""
+
+    backend = "fake"
+
+    def __init__(self) -> None:
+        self.values = {"a": fresh()}
+        self.version = 1
+        self.error: Exception | None = None
+        self.unavailable: dict[str, str] = {}
+        self.loads = self.fingerprints = 0
+
+    def fingerprint(self) -> str:
+        self.fingerprints += 1
+        if self.error:
+            raise self.error
+        return str(self.version)
+
+    def load(self) -> VaultSnapshot:
+        self.loads += 1
+        if self.error:
+            raise self.error
+        return VaultSnapshot(dict(self.values), {}, dict(self.unavailable))
+
+
+def test_watcher_reloads_only_when_the_fingerprint_changes() -> None:
+    vault = FakeVault()
+    watcher = VaultWatcher(vault, poll_seconds=1, grace_seconds=0, background=False, clock=lambda: 0.0)
+    first = watcher.start()
+    assert watcher.snapshot(0.5) is first and vault.fingerprints == 1  # not due yet
+    assert watcher.snapshot(1.0) is first and (vault.fingerprints, vault.loads) == (2, 1)
+    vault.values, vault.version = {"a": fresh()}, 2
+    second = watcher.snapshot(2.0)
+    assert second is not first and second.current == vault.values and vault.loads == 2
+
+
+def test_watcher_local_vault_blocks_at_once_then_recovers() -> None:
+    vault = FakeVault()
+    watcher = VaultWatcher(vault, poll_seconds=1, grace_seconds=0, background=False, clock=lambda: 0.0)
+    watcher.start()
+    vault.error = VaultUnavailable("the vault /x is corrupt")
+    with pytest.raises(VaultUnavailable, match="corrupt"):
+        watcher.snapshot(1.0)
+    with pytest.raises(VaultUnavailable):
+        watcher.snapshot(1.5)  # between checks it stays blocked
+    vault.error = None
+    assert watcher.snapshot(2.0).current == vault.values
+
+
+def test_watcher_grace_period_then_block_then_recovery() -> None:
+    vault = FakeVault()
+    watcher = VaultWatcher(vault, poll_seconds=2, grace_seconds=60, background=True, clock=lambda: 0.0)
+    watcher.background = False  # no thread in this test: refresh() is called by hand
+    good = watcher.start()
+    watcher.background = True
+    vault.error = VaultUnavailable("OpenBao at https://bao:8200 cannot be reached")
+    for t in (2.0, 30.0, 58.0):
+        watcher.refresh(t)
+        assert watcher.snapshot(t) is good  # the last good values, within the grace period
+    watcher.refresh(60.0)
+    with pytest.raises(VaultUnavailable, match="cannot be reached"):
+        watcher.snapshot(60.0)
+    reads = vault.fingerprints
+    with pytest.raises(VaultUnavailable):
+        watcher.snapshot(61.0)
+    assert vault.fingerprints == reads  # a remote vault is never read from snapshot()
+    vault.error = None
+    watcher.refresh(62.0)
+    assert watcher.snapshot(62.0).current == vault.values
+
+
+def test_watcher_fails_closed_when_its_poller_stalls() -> None:
+    vault = FakeVault()
+    watcher = VaultWatcher(vault, poll_seconds=2, grace_seconds=10, background=False, clock=lambda: 0.0)
+    good = watcher.start()
+    watcher.background = True  # as if the poll thread hung inside a read
+    assert watcher.snapshot(16.0) is good
+    with pytest.raises(VaultUnavailable, match="not answered for"):
+        watcher.snapshot(18.0)
+
+
+def test_watcher_retries_unreadable_entries_every_poll() -> None:
+    vault = FakeVault()
+    vault.unavailable = {"b": "permission denied reading secret/keyveil/b"}
+    watcher = VaultWatcher(vault, poll_seconds=1, grace_seconds=0, background=False, clock=lambda: 0.0)
+    assert watcher.start().unavailable
+    watcher.snapshot(1.0)
+    assert vault.loads == 2  # same fingerprint, read again for the entry that failed
+    vault.unavailable = {}
+    assert watcher.snapshot(2.0).unavailable == {}
+    watcher.snapshot(3.0)
+    assert vault.loads == 3  # all read: back to one fingerprint per poll
+
+
+def test_watcher_keeps_the_snapshot_object_when_a_reload_reads_the_same_values() -> None:
+    """A reload that finds nothing new must not make the proxy rebuild its engine."""
+    vault = FakeVault()
+    watcher = VaultWatcher(vault, poll_seconds=1, grace_seconds=0, background=False, clock=lambda: 0.0)
+    first = watcher.start()
+    vault.version = 2  # metadata changed, values did not
+    assert watcher.snapshot(1.0) is first and vault.loads == 2

@@ -19,7 +19,7 @@ from ._engine import Sealer
 from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
 from ._references import find_references_layered, format_reference, may_hold_reference
 from ._rules import CompiledRules
-from ._vault import VaultSnapshot
+from .vault import VaultSnapshot
 
 # Block codes (SPEC §6) and their HTTP status.
 STATUS = {
@@ -57,6 +57,7 @@ class Request:
     headers: list[tuple[bytes, bytes]]
     body: bytes | None  # decoded; None when absent or streamed
     content_type: str = ""
+    agent: str | None = None  # keyveil agents: the authenticated agent (rules `agents:`), else None
 
     @property
     def path_text(self) -> str:
@@ -177,6 +178,8 @@ class Engine:
         self.rules = rules
         self.policy = rules.rules.policy
         self.values = dict(snapshot.current)
+        # keyveil.vault: entries the store would not let keyveil read (name -> value-free reason)
+        self.unavailable = dict(getattr(snapshot, "unavailable", None) or {})
         every = {name: [value] for name, value in snapshot.current.items()}
         for name, previous in snapshot.previous.items():
             every.setdefault(name, []).extend(previous)
@@ -191,7 +194,7 @@ class Engine:
         out.provider = self.rules.is_provider(req.host, req.port, req.scheme)
         original = req
         req = replace(req, headers=list(req.headers))
-        bindings = self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text)
+        bindings = self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text))
         bound: dict[str, set[str]] = defaultdict(set)
         for name, injects in bindings.items():
             for inj in injects:
@@ -248,18 +251,21 @@ class Engine:
         missing_used = missing & refs.valueless
         if missing_used:
             name = sorted(missing_used)[0]
+            reason = self.unavailable.get(name)
             out.block = Block(
                 "vault_unavailable",
-                f"{name} is bound to {req.host} but the vault holds no value for it: "
+                f"{name} is bound to {req.host} but the vault would not give keyveil its value: {reason}"
+                if reason
+                else f"{name} is bound to {req.host} but the vault holds no value for it: "
                 f"run `keyveil secret set {name}`",
                 (name,),
             )
             return out
 
         # 4b. a reference that would be injected but for the scheme
-        insecure = refs.anywhere and self.rules.blocked_by_scheme(
+        insecure = refs.anywhere and set(self._for_agent(req, self.rules.blocked_by_scheme(
             req.host, req.port, req.scheme, req.method, req.path_text
-        ) & refs.anywhere
+        ))) & refs.anywhere
         if insecure:
             name = sorted(insecure)[0]
             out.block = Block(
@@ -281,6 +287,26 @@ class Engine:
 
         out.request = req
         return out
+
+    # keyveil agents (rules `agents:`): an agent's references are injected only for
+    # the secrets it lists; any other is unbound for it. Sealing is not affected.
+
+    def _for_agent(self, req: Request, names):
+        """NAMES (a set, or a dict keyed by name) without the secrets REQ's agent may not use."""
+        if self.rules.agents is None:
+            return names
+        allowed = self.rules.agent_secrets(req.agent or "")  # no agent with agents: none (fail closed)
+        if isinstance(names, dict):
+            return {n: v for n, v in names.items() if n in allowed}
+        return {n for n in names if n in allowed}
+
+    def _agent_note(self, req: Request, name: str) -> str:
+        if self.rules.agents is None or name in self.rules.agent_secrets(req.agent or ""):
+            return ""
+        return (
+            f"; agent {req.agent} may not use {name}: add it to agents.{req.agent}.secrets "
+            "in rules.yaml if it should"
+        )
 
     def _inject(self, req: Request, bound: dict[str, set[str]], out: Outcome) -> None:
         values = self.values
@@ -368,15 +394,22 @@ class Engine:
             f"the request to {req.host} carries the value of {name} in {where}, and {name} is "
             f"not bound there (bound to: {hint}). Use the reference {format_reference(name)} "
             f"instead of the value, or add {req.host} to hosts of {name} in rules.yaml "
-            f"with an inject location for {where}"
+            f"with an inject location for {where}" + self._agent_note(req, name)
         )
 
     def _unbound_message(self, req: Request, name: str) -> str:
         hint = self.rules.bound_elsewhere_hint(name)
+        if self._agent_note(req, name) and name in self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text):
+            return (
+                f"{format_reference(name)} is sent to {req.host} where a credential goes, but agent "
+                f"{req.agent} may not use {name}; if it should, add {name} to agents.{req.agent}.secrets "
+                "in rules.yaml"
+            )
         return (
             f"{format_reference(name)} is sent to {req.host} where a credential goes, but {name} is "
             f"not bound to {req.host} {req.method} {req.path_text} (bound to: {hint}). If "
             f"{req.host} should receive it, add {req.host} to hosts of {name} in rules.yaml"
+            + self._agent_note(req, name)
         )
 
     # -- WebSocket messages and responses -----------------------------------
@@ -389,7 +422,7 @@ class Engine:
         """
         msg = replace(req, headers=[], query=None, path=b"", body=None)
         out = Outcome(msg, provider=self.rules.is_provider(req.host, req.port, req.scheme))
-        bindings = self.rules.bindings(req.host, req.port, req.scheme, "GET", req.path_text)
+        bindings = self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, "GET", req.path_text))
         names = {n for n, injects in bindings.items() if any(i.location == "websocket" for i in injects)}
         result = self.sealer.seal(content, protected_spans if out.provider else None)
         out.sealed = result.counts

@@ -193,6 +193,27 @@ class Providers(_Model):
     hosts: list[HostPatternField] = []
 
 
+_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+
+
+def _agent_name(name: str) -> str:
+    if _AGENT_NAME.match(name) is None:
+        raise ValueError(
+            f"{name!r} is not a usable agent name: up to 64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it is the proxy username)"
+        )
+    return name
+
+
+AgentName = Annotated[str, AfterValidator(_agent_name)]
+
+
+class AgentRule(_Model):
+    """One agent (SPEC §4 `agents:`): the secrets its references may be injected for."""
+
+    secrets: list[SecretName] = Field(default=[], validate_default=True)
+
+
 def _check_version(cls: type, version: Any) -> Any:
     # Literal[1] alone would take `true` and `1.0`, which equal 1 in Python.
     if type(version) is not int:
@@ -211,6 +232,8 @@ class Rules(_Model):
     secrets: dict[SecretName, SecretRule] = {}
     policy: Policy = Policy()
     passthrough: list[HostPatternField] = []
+    #: None: no agents, every client is the same (SPEC §4)
+    agents: dict[AgentName, AgentRule] | None = None
 
     _check_version = field_validator("version", mode="before")(_check_version)
 
@@ -302,6 +325,14 @@ class CompiledRules:
         self._hosts: HostMap[str] = HostMap(
             (pattern, name) for name, rule in rules.secrets.items() for pattern in rule.hosts
         )
+        #: agent name -> the secrets it may use; None without `agents:`
+        self.agents: dict[str, frozenset[str]] | None = (
+            None if rules.agents is None else {name: frozenset(a.secrets) for name, a in rules.agents.items()}
+        )
+
+    def agent_secrets(self, agent: str) -> frozenset[str]:
+        """The secrets AGENT may use (none for a name that is not an agent)."""
+        return (self.agents or {}).get(agent, frozenset())
 
     @property
     def policy(self) -> Policy:
@@ -405,7 +436,7 @@ def parse_rules(text: str, filename: str, providers_file: Path | None = None) ->
         shipped = providers_file or shipped_config_dir() / "providers.yaml"
         provider_hosts = load_provider_list(shipped) + provider_hosts
 
-    problems = _passthrough_conflicts(rules, provider_hosts)
+    problems = _passthrough_conflicts(rules, provider_hosts) + _agent_problems(rules)
     if problems:
         raise RulesError(_format(problems, lines, data, filename))
     return CompiledRules(rules, provider_hosts, filename)
@@ -422,6 +453,20 @@ def load_provider_list(path: Path) -> list[HostPattern]:
         ) from None
     data, lines = _load_yaml(text, str(path), "the provider list")
     return list(_validate(ProviderList, data, lines, str(path)).hosts)
+
+
+def _agent_problems(rules: Rules) -> list[tuple[Loc, str]]:
+    """An agent may list only secrets the file binds."""
+    problems = []
+    for name, agent in (rules.agents or {}).items():
+        for i, secret in enumerate(agent.secrets):
+            if secret not in rules.secrets:
+                problems.append((
+                    ("agents", name, "secrets", i),
+                    f"{secret} is not under secrets: in this file; bind it there first (an agent "
+                    "may use only bound secrets)",
+                ))
+    return problems
 
 
 def _passthrough_conflicts(rules: Rules, provider_hosts: Sequence[HostPattern]) -> list[tuple[Loc, str]]:
@@ -537,6 +582,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "policy": tuple(Policy.model_fields),
     "secret": tuple(SecretRule.model_fields),
     "inject": tuple(Inject.model_fields),
+    "agent": tuple(AgentRule.model_fields),
     "provider_list": tuple(ProviderList.model_fields),
 }
 
@@ -621,6 +667,8 @@ def _model_at(model: type[_Model], loc: Loc) -> str:
         return "rules"
     if loc[0] == "secrets":
         return "inject" if len(loc) >= 4 else "secret"
+    if loc[0] == "agents":
+        return "agent"
     return str(loc[0])
 
 

@@ -114,7 +114,7 @@ def _read_value(name: str) -> bytes:
 
 
 def cmd_secret(args) -> int:
-    from ._vault import open_vault
+    from .vault import open_vault
 
     home = _home()
     if args.action == "ref":
@@ -131,7 +131,7 @@ def cmd_secret(args) -> int:
         vault.set(name, _read_value(name))
         home.bump_generation()  # a running proxy seals the new value from its very next request
         _out(f"stored {name}; use it as {format_reference(name)}")
-        if name not in _rules_names(home):
+        if name not in _rules_names(home) and not name.startswith("agents/"):
             _out(f"note: {name} is not bound to any host yet; add it under secrets: in {home.rules}")
         return 0
     if args.action == "rm":
@@ -189,6 +189,10 @@ def cmd_rules(args) -> int:
         _out(_table(rows, ("SECRET", "HOSTS", "INJECT", "RESTRICTIONS")))
     else:
         _out("no secrets bound")
+    if rules.agents is not None:
+        _out("")
+        agents = [(name, ", ".join(sorted(secrets)) or "(none)") for name, secrets in sorted(rules.agents.items())]
+        _out(_table(agents, ("AGENT", "SECRETS")) if agents else "agents: none (every client is refused)")
     return 0
 
 
@@ -224,10 +228,18 @@ def cmd_start(args) -> int:
     ensure_ca(home)
     host, port = _parse_listen(args.listen)
     proxyauth = os.environ.get("KEYVEIL_PROXYAUTH", "")
-    if not _is_loopback(host) and not proxyauth:
+    rules = _rules_or_none(home)
+    agents = rules is not None and rules.agents is not None  # agents authenticate to the proxy themselves
+    if agents and proxyauth:
+        raise UsageError(
+            "rules.yaml names agents, which authenticate to the proxy with their own credentials: "
+            "unset KEYVEIL_PROXYAUTH (it would refuse them)"
+        )
+    if not _is_loopback(host) and not proxyauth and not agents:
         raise UsageError(
             f"refusing to listen on {host}: beyond loopback keyveil requires proxy authentication; "
-            "set KEYVEIL_PROXYAUTH=user:password (clients then use http://user:password@HOST:PORT)"
+            "set KEYVEIL_PROXYAUTH=user:password (clients then use http://user:password@HOST:PORT), "
+            "or name agents in rules.yaml (agents:)"
         )
     from .embed import run_proxy
 
@@ -297,6 +309,14 @@ def cmd_run(args) -> int:
         raise UsageError("keyveil run needs a command: keyveil run -- CMD [ARGS...]")
     home = _home()
     ensure_ca(home)
+    from ._rules import load_rules
+
+    # An invalid rules file is the proxy's to report, unless CMD is to run as an agent.
+    rules = load_rules(home.rules) if args.agent is not None else _rules_or_none(home)
+    if rules is not None and rules.agents is not None and args.agent is None:
+        names = ", ".join(sorted(rules.agents)) or "none"
+        raise UsageError(f"rules.yaml names agents: run CMD as one of them with --agent NAME (agents: {names})")
+    password = _agent_password(home, rules, args.agent) if args.agent is not None else None
     url = _running_proxy(home)
     private = None
     if url is None:
@@ -317,6 +337,10 @@ def cmd_run(args) -> int:
             log.seek(0)
             sys.stderr.write(f"keyveil: the private proxy did not start:\n{log.read().decode(errors='replace')}")
             return private.returncode if private.returncode and private.returncode > 0 else 2
+    if password is not None:
+        from ._agents import with_credentials
+
+        url = with_credentials(url, args.agent, password)
     env = {k: v for k, v in os.environ.items() if not _withheld(k)}
     env.update(proxy_env(home, url))
     try:
@@ -332,9 +356,20 @@ def cmd_run(args) -> int:
                 private.kill()
 
 
+def _agent_password(home: Home, rules, agent: str) -> bytes:
+    """AGENT's proxy password, read from the vault's agents/NAME."""
+    from ._agents import agent_password
+    from .vault import open_vault
+
+    return agent_password(rules, open_vault(home.root).load().current, agent)
+
+
 def _withheld(var: str) -> bool:
     """Variables the agent must not inherit: they open the vault."""
-    return var == "KEYVEIL_PASSPHRASE" or var.startswith("KEYVEIL_SECRET_") or var == "KEYVEIL_PROXYAUTH"
+    return (
+        var in ("KEYVEIL_PASSPHRASE", "KEYVEIL_PROXYAUTH", "BAO_TOKEN", "VAULT_TOKEN")
+        or var.startswith("KEYVEIL_SECRET_")
+    )
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> bool:
@@ -466,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.set_defaults(func=cmd_start)
 
     run = sub.add_parser("run", help="run a command through the proxy")
+    run.add_argument("--agent", metavar="NAME", help="run CMD as this agent of rules.yaml (agents:)")
     run.add_argument("command", nargs=argparse.REMAINDER)
     run.set_defaults(func=cmd_run)
 

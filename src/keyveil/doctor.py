@@ -38,7 +38,7 @@ def run_doctor(home: Home) -> int:
         rmode = stat.S_IMODE(home.rules.stat().st_mode)
         report(not rmode & 0o022, f"rules file not writable by others (mode {rmode:o})", f"chmod 600 {home.rules}")
 
-    from ._vault import open_vault
+    from .vault import open_vault
 
     snapshot = None
     try:
