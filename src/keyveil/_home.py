@@ -52,12 +52,14 @@ class Home:
 
     @property
     def generation(self) -> Path:
-        """Bumped by every `keyveil secret` command that changed the vault; holds no value."""
-        return self.vault / "generation"
+        """Bumped by every `keyveil secret` command that changed the vault; holds no value.
+
+        Beside the vault folder, not in it: a remote vault writes nothing there."""
+        return self.root / "vault-generation"
 
     def bump_generation(self) -> None:
         """Tell a running proxy the vault changed: a new file (a new inode) every time."""
-        tmp = self.generation.with_name(f".generation.{os.getpid()}.tmp")
+        tmp = self.generation.with_name(f".vault-generation.{os.getpid()}.tmp")
         tmp.write_text(f"{time.time_ns()}\n")
         os.replace(tmp, self.generation)
 

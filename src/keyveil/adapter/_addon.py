@@ -27,7 +27,7 @@ from .._errors import KeyveilError, VaultUnavailable
 from .._home import Home, default_home
 from .._pipeline import Block, Engine
 from .._rules import load_rules
-from .._vault import open_vault
+from ..vault import VaultWatcher, open_vault
 from . import _websockets
 from ._guard import Blocked, close_connections
 from ._outputs import META, Outputs, unsealed_block_response
@@ -36,8 +36,6 @@ from ._responses import ResponsePhase
 from ._websockets import WebSocketPhase
 
 log = logging.getLogger("keyveil")
-
-_VAULT_CHECK_SECONDS = 1.0  # how often a backend whose check is not cheap is asked for changes
 
 
 class KeyveilInjector:
@@ -103,10 +101,10 @@ class Keyveil:
         self.load_error: KeyveilError | None = None
         self.home: Home | None = None
         self.audit: AuditLog | None = None
-        self._vault = None
-        self._vault_fingerprint: str | None = None
-        self._vault_checked = 0.0
-        self._vault_error: Block | None = None
+        # The watcher keeps the vault's snapshot current (a remote store is read
+        # off the event loop); the engine is rebuilt when the snapshot changes.
+        self._vault: VaultWatcher | None = None
+        self._snapshot = None
         self._generation: tuple | None = None
         self.outputs = Outputs(self)
         self.requests = RequestPhase(self)
@@ -138,13 +136,14 @@ class Keyveil:
         home.ensure()
         rules_path = Path(ctx.options.keyveil_rules).expanduser() if ctx.options.keyveil_rules else home.rules
         rules = load_rules(rules_path)
-        vault = open_vault(home.root)
         self._generation = home.generation_stamp()
-        snapshot = vault.load()
+        watcher = VaultWatcher(open_vault(home.root))
+        snapshot = watcher.start()  # VaultUnavailable here stops the proxy (exit 2)
         _warn_if_exposed(rules_path, home)
         self.engine = Engine(rules, snapshot)
-        self._vault = vault
-        self._vault_fingerprint = vault.fingerprint()
+        if self._vault is not None:
+            self._vault.close()
+        self._vault, self._snapshot = watcher, snapshot
         self.home = home
         if self.audit is None or self.audit.directory != home.audit:
             self.audit = AuditLog(home.audit)
@@ -183,33 +182,32 @@ class Keyveil:
             ctx.master.addons.add(KeyveilUnloaded())
         if self.audit:
             self.audit.close()
+        if self._vault is not None:
+            self._vault.close()
 
     def current_engine(self) -> Engine:
-        """The engine, recompiled when the vault changed.
+        """The engine, recompiled when the vault's snapshot changed.
 
         `keyveil secret set|rm` bump a generation file in the vault folder
-        once the vault is written; a stat per flow sees it, so the very next
-        request after the command returned is sealed with the new values.
-        Changes made behind keyveil's back are seen within a second.
+        once the vault is written; a stat per flow sees it and the vault is
+        read again at once, so the very next request after the command
+        returned is sealed with the new values. Changes made behind keyveil's
+        back are seen within the backend's poll interval (docs/teams.md).
         """
         assert self.engine is not None
-        now = time.monotonic()
-        generation = self.home.generation_stamp() if self.home is not None else None
-        due = now - self._vault_checked >= _VAULT_CHECK_SECONDS or generation != self._generation
-        if self._vault is not None and due:
-            self._vault_checked = now
-            fingerprint = self._vault.fingerprint()
-            if fingerprint != self._vault_fingerprint or generation != self._generation or self._vault_error is not None:
-                try:
-                    self.engine = Engine(self.engine.rules, self._vault.load())
-                    self._vault_fingerprint = fingerprint
-                    self._generation = generation
-                    self._vault_error = None
-                except KeyveilError as e:
-                    # Until a later check reads it again, every flow is blocked.
-                    self._vault_error = Block("vault_unavailable", f"the vault cannot be read: {e}")
-        if self._vault_error is not None:
-            raise Blocked(self._vault_error)
+        if self._vault is not None:
+            generation = self.home.generation_stamp() if self.home is not None else None
+            force = generation != self._generation
+            try:
+                snapshot = self._vault.snapshot(time.monotonic(), force=force)
+            except VaultUnavailable as e:
+                # Until the vault is readable again, every flow is blocked.
+                raise Blocked(Block("vault_unavailable", f"the vault cannot be read: {e}")) from None
+            if force:
+                self._generation = generation
+            if snapshot is not self._snapshot:
+                self.engine = Engine(self.engine.rules, snapshot)
+                self._snapshot = snapshot
         return self.engine
 
     # -- shared by the phases -------------------------------------------------------
@@ -296,7 +294,7 @@ class Keyveil:
 def _warn_if_exposed(rules_path: Path, home: Home) -> None:
     """Warn about files other users can read (vault, CA key) or change (rules)."""
     checks = [(rules_path, 0o022, "writable by other users: they could bind a secret to their host")]
-    checks += [(p, 0o077, "readable by other users") for p in home.vault.glob("*") if p.is_file() and p != home.generation]
+    checks += [(p, 0o077, "readable by other users") for p in home.vault.glob("*") if p.is_file()]
     checks.append((home.certs / "mitmproxy-ca.pem", 0o077, "(the CA private key) readable by other users"))
     for path, bits, what in checks:
         try:

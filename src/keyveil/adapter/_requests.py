@@ -11,6 +11,7 @@ request, and the last addon in the chain writes the injected one.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 
@@ -19,6 +20,7 @@ from mitmproxy.net import encoding
 from mitmproxy.net.http import url
 
 from .. import _codecs
+from .._agents import REALM, AuthRequired, authenticate
 from .._hosts import normalize_host
 from .._pipeline import Block, Engine, Outcome, Request
 from ._guard import Blocked, guarded
@@ -37,6 +39,7 @@ class RequestPhase:
         self.addon = addon
         self.outputs = addon.outputs
         self._tunnels: dict[str, tuple[str, int]] = {}
+        self._agents: dict[str, str] = {}  # client connection id → the agent its CONNECT authenticated
         self._original_headers: dict[str, tuple] = {}
 
     # -- connections -------------------------------------------------------------
@@ -49,6 +52,50 @@ class RequestPhase:
             return
         self._tunnels[flow.client_conn.id] = (host, flow.request.port)
         self._refuse_value_in_host(flow, host)
+        engine = self.addon.engine
+        if flow.response is None and engine is not None and engine.rules.agents is not None:
+            try:
+                engine = self.addon.current_engine()  # the agents' passwords as the vault holds them now
+            except Blocked as e:
+                flow.response = self.outputs.block_response(e.block, "")
+                return
+            self._authenticate(flow, engine, remember=True)
+
+    # -- agents (rules `agents:`): proxy authentication -----------------------------
+
+    def _authenticate(self, flow: http.HTTPFlow, engine: Engine, remember: bool = False) -> bool:
+        """Set the flow's agent from its Proxy-Authorization, or answer 407.
+
+        A CONNECT tunnel is authenticated once (REMEMBER), for every request in it."""
+        try:
+            agent = authenticate(engine.rules, engine.values, flow.request.headers.get("proxy-authorization"))
+        except AuthRequired as e:
+            log.warning("keyveil: proxy authentication refused for %s: %s", self.outputs.host(flow), e)
+            flow.response = http.Response.make(
+                407,
+                json.dumps({"error": {"type": "keyveil_proxy_auth", "message": f"keyveil: {e}"}}).encode(),
+                {"content-type": "application/json", "proxy-authenticate": f'Basic realm="{REALM}"'},
+            )
+            return False
+        except Exception as e:  # noqa: BLE001 - never let a client through unauthenticated
+            log.error("keyveil: proxy authentication failed (%s)", type(e).__name__)
+            flow.response = self.outputs.block_response(Block("internal_error", "keyveil could not check the proxy credentials"), "")
+            return False
+        flow.request.headers.pop("proxy-authorization", None)
+        if remember:
+            self._agents[flow.client_conn.id] = agent
+        flow.metadata.setdefault(META, {})["agent"] = agent
+        return True
+
+    def _agent(self, flow: http.HTTPFlow, engine: Engine) -> bool:
+        """With agents, the flow's agent (from its tunnel, else its own credentials); False: 407 sent."""
+        if engine.rules.agents is None:
+            return True
+        agent = self._agents.get(flow.client_conn.id)
+        if agent is None:
+            return self._authenticate(flow, engine)
+        flow.metadata[META]["agent"] = agent
+        return True
 
     def _refuse_value_in_host(self, flow: http.HTTPFlow, host: str) -> None:
         """A value used as a host name would leave in DNS, SNI and the CONNECT line: refused before any connection."""
@@ -91,6 +138,7 @@ class RequestPhase:
 
     def client_disconnected(self, client) -> None:
         self._tunnels.pop(client.id, None)
+        self._agents.pop(client.id, None)
 
     def _destination(self, flow: http.HTTPFlow) -> tuple[str, int]:
         """The host the client asked the proxy to reach (SPEC §6 step 1).
@@ -128,6 +176,8 @@ class RequestPhase:
         engine = self.addon.current_engine()
         host, port = self._destination(flow)
         flow.metadata[META] = {"host": host, "port": port}
+        if not self._agent(flow, engine):  # agents: 407 without valid proxy credentials
+            return
         self._refuse_value_in_destination(engine, flow, host)
         req = flow.request
         _check_framing(req.headers, host)
@@ -261,6 +311,7 @@ class RequestPhase:
             headers=list(req.headers.fields),
             body=body,
             content_type=req.headers.get("content-type", ""),
+            agent=flow.metadata.get(META, {}).get("agent"),
         )
 
     def _apply(self, flow: http.HTTPFlow, outcome: Outcome, body: bytes | None, encoding_name: str | None) -> None:

@@ -131,10 +131,11 @@ class VaultWatcher:
         if snapshot is not None:
             _report_unavailable(snapshot, before)
 
-    def snapshot(self, now: float) -> VaultSnapshot:
+    def snapshot(self, now: float, force: bool = False) -> VaultSnapshot:
         """The values to use now, or VaultUnavailable (this half only reads memory,
-        except for a local vault that is due for its inline check)."""
-        if not self.background and now - self._checked >= self.poll_seconds:
+        except for a local vault that is due for its inline check, and FORCE: a
+        `keyveil secret` command changed the vault, read it again now)."""
+        if force or (not self.background and now - self._checked >= self.poll_seconds):
             self._checked = now
             self.refresh(now)
         with self._lock:
