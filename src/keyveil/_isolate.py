@@ -662,13 +662,14 @@ class Sandbox:
     def _on_signal(self, sig: int, loop: asyncio.AbstractEventLoop) -> None:
         """SIGINT: the first goes to CMD, a second ends the sandbox at once.
         SIGTERM, SIGHUP: go to CMD, which gets GRACE_SECONDS to end. Others: passed on."""
-        self._signal_sandbox(sig)
         if sig == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts >= 2:
                 self._ended_by = 128 + signal.SIGINT
                 self._kill()
-        elif sig in (signal.SIGTERM, signal.SIGHUP):
+                return
+        self._signal_sandbox(sig)
+        if sig in (signal.SIGTERM, signal.SIGHUP):
 
             def end() -> None:
                 if self.proc is not None and self.proc.poll() is None:
