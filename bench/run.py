@@ -1,9 +1,10 @@
 """Run keyveil's benchmarks and record them in bench/RESULTS.md (`make bench`).
 
-    .venv/bin/python bench/run.py [--quick] [--only engine|proxy]
+    .venv/bin/python bench/run.py [--quick] [--only engine|proxy|isolate]
 
 ``engine`` times the sealer in-process; ``proxy`` runs plain mitmdump and
-mitmdump + keyveil side by side over loopback TLS. Each figure is printed with
+mitmdump + keyveil side by side over loopback TLS; ``isolate`` times
+`keyveil run --isolate` against `keyveil run` (start-up and a download). Each figure is printed with
 its target as it is measured. The figures are kept in bench/results.json and
 RESULTS.md is rewritten from it, so ``--only`` refreshes one section and keeps
 the other. Text below the notes marker in RESULTS.md is kept as it is.
@@ -31,6 +32,7 @@ NOTES_MARKER = "<!-- notes: everything below this line is kept by bench/run.py -
 TITLES = {
     "engine": "Engine (`keyveil._engine.Sealer`, in-process)",
     "proxy": "Proxy (plain mitmdump vs mitmdump + keyveil, loopback TLS both sides)",
+    "isolate": "Isolation (`keyveil run --isolate` vs `keyveil run`, bench/isolate_bench.py)",
 }
 ABOUT = {
     "engine": (
@@ -49,6 +51,13 @@ ABOUT = {
         "alternate between the two proxies. Peak RSS growth = VmHWM after the transfer − VmRSS before it, "
         "with VmHWM reset through /proc/PID/clear_refs; neither proxy sets stream_large_bodies."
     ),
+    "isolate": (
+        "Wall time of whole `keyveil run` commands (Python start-up included), the two variants alternated run by "
+        "run. Start-up: both use one running `keyveil start` proxy, so neither starts a private proxy; the parts are "
+        "bubblewrap with keyveil's namespaces (user, mount, network, PID, IPC, UTS) and mount plan running `true`, and "
+        "the sandbox helper's `python -I -S`. Download: curl through mitmdump + keyveil routed to the bench upstream "
+        "(TLS, HTTP/1.1), `--ro` of that proxy's CA directory for the sandboxed run."
+    ),
 }
 
 
@@ -64,12 +73,12 @@ def render(results: dict) -> str:
         "# keyveil benchmarks",
         "",
         "Written by `make bench` (`.venv/bin/python bench/run.py`; `--quick` for fewer repetitions, "
-        "`--only engine|proxy` for one section). Do not edit the tables by hand: run the benchmarks.",
+        "`--only engine|proxy|isolate` for one section). Do not edit the tables by hand: run the benchmarks.",
         "Every speed figure is a ratio against a baseline measured in the same run, interleaved with it, "
         "because the machine is shared and noisy; absolute figures come with their baseline.",
         "",
     ]
-    for section in ("engine", "proxy"):
+    for section in ("engine", "proxy", "isolate"):
         data = results["sections"].get(section)
         if not data:
             continue
@@ -110,13 +119,13 @@ def write_results(results: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier)")
-    parser.add_argument("--only", choices=("engine", "proxy"), help="run one section, keep the other's results")
+    parser.add_argument("--only", choices=("engine", "proxy", "isolate"), help="run one section, keep the others' results")
     args = parser.parse_args(argv)
 
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, mitmproxy {info['mitmproxy']}", flush=True)
     results = load_results()
-    sections = [args.only] if args.only else ["engine", "proxy"]
+    sections = [args.only] if args.only else ["engine", "proxy", "isolate"]
     for section in sections:
         print(f"\n== {section} ==", flush=True)
         t0 = time.monotonic()
@@ -124,10 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             import engine_bench
 
             rows: list[Row] = engine_bench.run(args.quick)
-        else:
+        elif section == "proxy":
             import proxy_bench
 
             rows = proxy_bench.run(args.quick)
+        else:
+            import isolate_bench
+
+            rows = isolate_bench.run(args.quick)
         results["sections"][section] = {
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "mode": "quick" if args.quick else "full",

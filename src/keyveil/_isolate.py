@@ -338,33 +338,33 @@ def find_bwrap(env: Mapping[str, str], command: Sequence[str] = ()) -> str:
 
 # -- the helper that runs first inside the sandbox ----------------------------------------------
 
-# Run as `python -I -S -c _HELPER PORT CHANNEL STDERR N HIDDEN... CMD...` (stdlib
-# only, no site: it starts in ~20 ms). It checks that the sandbox is what
+# Run as `python -I -S -c _HELPER PORT CHANNEL STDERR N HIDDEN... CMD...` (no
+# site, and C modules only beyond os: it starts in ~15 ms). It checks that the sandbox is what
 # keyveil asked for, binds the proxy's address in the sandbox's network
 # namespace, hands that listening socket to keyveil, then becomes CMD. The
 # channel closes on exec: end-of-file tells keyveil CMD started.
 _HELPER = r"""
-import array, os, socket, sys
+import array, os, sys, _socket as S
 port, chan, err, n = (int(a) for a in sys.argv[1:5])
 hidden, cmd = sys.argv[5:5 + n], sys.argv[5 + n:]
-c = socket.socket(fileno=chan)
+c = S.socket(fileno=chan)
 def refuse(tag, text):
-    c.send(tag + os.fsencode(text))
+    c.send(tag + text.encode(errors="surrogateescape"))
     os._exit(2)
-names = sorted(name for _, name in socket.if_nameindex())
+names = sorted(name for _, name in S.if_nameindex())
 if names != ["lo"]:
     refuse(b"N", ", ".join(names))
 for path in hidden:
     if os.path.lexists(path):
         refuse(b"H", path)
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s = S.socket(S.AF_INET, S.SOCK_STREAM)
+s.setsockopt(S.SOL_SOCKET, S.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", port))
     s.listen(1024)
 except OSError as e:
-    refuse(b"B", e.strerror)
-c.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [s.fileno()]))])
+    refuse(b"B", e.strerror or "")
+c.sendmsg([b"L"], [(S.SOL_SOCKET, S.SCM_RIGHTS, array.array("i", [s.fileno()]))])
 s.close()
 os.dup2(err, 2)
 os.close(err)
@@ -372,7 +372,7 @@ os.set_inheritable(chan, False)
 try:
     os.execvp(cmd[0], cmd)
 except OSError as e:
-    c.send(b"X" + str(e.errno).encode() + b" " + os.fsencode(e.strerror or ""))
+    c.send(b"X" + str(e.errno).encode() + b" " + (e.strerror or "").encode())
     os._exit(127)
 """
 
