@@ -268,9 +268,9 @@ def _container_cgroup() -> bool:
 
 
 _CONTAINER_FIX = (
-    "start the container with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined "
-    "--security-opt systempaths=unconfined` (Docker, Podman), or treat the container itself as the "
-    f"sandbox (see {DOCS})"
+    "start the container with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` and "
+    "`--security-opt systempaths=unconfined` (Docker) or `--security-opt unmask=ALL` (Podman), or treat the "
+    f"container itself as the sandbox (see {DOCS})"
 )
 
 
