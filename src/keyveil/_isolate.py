@@ -161,11 +161,12 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
     """
     cwd = Path(os.path.realpath(cwd or os.getcwd()))
     root = Path(os.path.realpath(home.root))
-    xdg = env.get("XDG_RUNTIME_DIR")
     private = [Path(p) for p in _PRIVATE_DIRS if os.path.isdir(p) and not os.path.islink(p)]
-    xdg_path = Path(os.path.realpath(xdg)) if xdg and os.path.isabs(xdg) else None
-    if xdg_path is not None and not any(_inside(xdg_path, p) for p in private) and xdg_path.is_dir():
-        private.append(xdg_path)
+    xdg = env.get("XDG_RUNTIME_DIR")
+    xdg_path = Path(os.path.realpath(xdg)) if xdg and os.path.isabs(xdg) and os.path.isdir(xdg) else None
+    recreate_xdg = xdg_path is not None and any(_inside(xdg_path, p) for p in private)
+    if xdg_path is not None and not recreate_xdg:
+        private.append(xdg_path)  # somewhere of its own: made private in place
     sockets = [s for s in _socket_paths(env) if not any(_inside(s, p) for p in private)]
     private_areas = [*private, *sockets, Path("/dev")]
 
@@ -206,14 +207,15 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
 
     args = ["--bind", "/", "/", *outside, "--dev", "/dev", "--proc", "/proc"]
     for area in private:
-        args += ["--perms", "1777" if area == Path("/tmp") else "0755", "--tmpfs", str(area)]
+        mode = "1777" if area == Path("/tmp") else "0700" if area == xdg_path else "0755"
+        args += ["--perms", mode, "--tmpfs", str(area)]
         if area == Path("/run"):
             for keep in _RUN_KEEP:
                 if os.path.islink(keep):
                     args += ["--symlink", os.readlink(keep), keep]
                 elif os.path.isdir(keep):
                     args += ["--ro-bind", keep, keep]
-    if xdg_path is not None and any(_inside(xdg_path, p) for p in private) and xdg_path.is_dir():
+    if recreate_xdg:  # an empty one, as programs expect it to exist
         args += ["--perms", "0700", "--dir", str(xdg_path)]
     for sock in sockets:
         args += _hide(sock)
@@ -327,7 +329,7 @@ def find_bwrap(env: Mapping[str, str], command: Sequence[str] = ()) -> str:
     if not sys.platform.startswith("linux"):
         raise _refuse(
             command,
-            f"--isolate uses Linux namespaces, and this is {sys.platform}",
+            f"the sandbox is made of Linux namespaces, and this is {sys.platform}",
             f"on macOS run the agent in a Linux VM or container, or under sandbox-exec (see {DOCS})",
         )
     found = shutil.which("bwrap", path=env.get("PATH", os.defpath))
@@ -544,17 +546,21 @@ class Sandbox:
 
     def _setup_failed(self, what: str | None = None) -> IsolationError:
         """The sandbox never reached CMD: say why, from bubblewrap's own words."""
-        stderr = ""
+        stderr = b""
         if self.proc is not None:
             if what is not None:
                 self._kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 self.proc.wait(10)
-            if self.proc.stderr is not None:
-                stderr = self.proc.stderr.read().decode(errors="replace")
+            except subprocess.TimeoutExpired:
+                self._kill()
+            if self.proc.stderr is not None:  # what bubblewrap said, without waiting on a process that lingers
+                fd = self.proc.stderr.fileno()
+                while len(stderr) < 1 << 16 and select.select([fd], [], [], 2)[0] and (chunk := os.read(fd, 4096)):
+                    stderr += chunk
         if what is not None:
             return _refuse(self.command, what, f"run `keyveil doctor`; see {DOCS}")
-        return _refuse(self.command, *diagnose(stderr, host_facts()))
+        return _refuse(self.command, *diagnose(stderr.decode(errors="replace"), host_facts()))
 
     # -- running -----------------------------------------------------------------------
 
@@ -567,6 +573,8 @@ class Sandbox:
             self._wait_gone()
             if self.listener is not None:
                 self.listener.close()
+            if self.proc is not None and self.proc.stderr is not None:
+                self.proc.stderr.close()
 
     async def _serve(self) -> int:
         loop = asyncio.get_running_loop()
