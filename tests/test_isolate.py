@@ -420,6 +420,14 @@ def test_the_hiding_mount_cannot_be_undone_from_inside(kvi, routed, tmp_path):
     assert "LEAK" not in r.out
 
 
+def test_sys_is_read_only_in_the_sandbox(kvi, routed, tmp_path):
+    # Most of /sys is guarded by file modes alone, and root in the sandbox is uid 0 for them.
+    script = "import sys; print([l.split()[5] for l in open('/proc/self/mountinfo') if l.split()[4] == '/sys'][-1])"
+    r = run(kvi, "--", sys.executable, "-c", script, cwd=tmp_path)
+    assert r.returncode == 0, r.err
+    assert "ro" in r.out.strip().split(",")
+
+
 # --- environment, exit codes, signals ---------------------------------------------------------
 
 

@@ -148,7 +148,7 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
 
     1. The host's / as it is (the user's files stay as they are), then the
        user's --ro/--rw/--hide options for paths outside the private areas;
-    2. a fresh /dev and /proc, and private, empty /tmp, /run and
+    2. /sys read-only, a fresh /dev and /proc, and private, empty /tmp, /run and
        $XDG_RUNTIME_DIR, and the host-service sockets named by the
        environment hidden (these win over a --ro or --rw of a parent);
     3. the working directory, if it lies inside a private area, then the
@@ -168,7 +168,8 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
     if xdg_path is not None and not recreate_xdg:
         private.append(xdg_path)  # somewhere of its own: made private in place
     sockets = [s for s in _socket_paths(env) if not any(_inside(s, p) for p in private)]
-    private_areas = [*private, *sockets, Path("/dev")]
+    # Paths an option may reach only after keyveil has laid them down itself.
+    private_areas = [*private, *sockets, Path("/dev"), Path("/sys")]
 
     outside: list[str] = []
     inside: list[str] = []
@@ -205,7 +206,8 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
         if _inside(cwd, path):
             raise UsageError(f"the working directory {cwd} is inside --hide {path}: run keyveil from another directory")
 
-    args = ["--bind", "/", "/", *outside, "--dev", "/dev", "--proc", "/proc"]
+    # /sys read-only: only DAC guards most of it, and root in the sandbox is uid 0 there.
+    args = ["--bind", "/", "/", *outside, "--ro-bind", "/sys", "/sys", "--dev", "/dev", "--proc", "/proc"]
     for area in private:
         mode = "1777" if area == Path("/tmp") else "0700" if area == xdg_path else "0755"
         args += ["--perms", mode, "--tmpfs", str(area)]
