@@ -55,7 +55,7 @@ def _timed_run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
 
 def _alternated(variants: dict[str, list[str]], env: dict[str, str], cwd: Path, n: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for name, argv in variants.items():  # warm-up: page cache, pyc files
+    for argv in variants.values():  # warm-up: page cache, pyc files
         _timed_run(argv, env, cwd)
     for i in range(n):
         order = list(variants) if i % 2 == 0 else list(reversed(variants))
@@ -121,7 +121,9 @@ def startup(workdir: Path, n: int) -> list[Row]:
         bwrap = _isolate.find_bwrap(env)
         plan = _isolate.plan_mounts(Home(home), [], env, workdir)
         sandbox = [bwrap, *_isolate._NAMESPACES, "--cap-drop", "ALL", "--die-with-parent", "--new-session", *plan.args, "--", "true"]
-        parts = _alternated({"bwrap": sandbox, "helper": [sys.executable, "-I", "-S", "-c", "import array, os, sys, _socket"]}, env, workdir, n)
+        parts = _alternated(
+            {"bwrap": sandbox, "helper": [sys.executable, "-I", "-S", "-c", "import array, os, sys, _socket"]}, env, workdir, n
+        )
     finally:
         proxy.stop()
     plain, isolated = median(times["plain"]), median(times["isolate"])
@@ -130,7 +132,14 @@ def startup(workdir: Path, n: int) -> list[Row]:
         f"(n={n} each, alternated, one running `keyveil start` proxy, so no private proxy is started)"
     )
     return [
-        Row(SECTION, "`keyveil run --isolate -- true` / `keyveil run -- true`: start-up time", f"{isolated / plain:.2f}×", "— (informative)", None, detail),
+        Row(
+            SECTION,
+            "`keyveil run --isolate -- true` / `keyveil run -- true`: start-up time",
+            f"{isolated / plain:.2f}×",
+            "— (informative)",
+            None,
+            detail,
+        ),
         Row(
             SECTION,
             "start-up time --isolate adds (median difference)",

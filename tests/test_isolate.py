@@ -296,7 +296,17 @@ for name, url in (("curl ignoring the proxy variables", "https://api.github.com/
 print(json.dumps(out))
 """
 
-FAILED_AT_ONCE = {"ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH", "ENOENT", "EACCES", "ECONNABORTED", "dns-failed", "curl exit 6", "curl exit 7"}
+FAILED_AT_ONCE = {
+    "ECONNREFUSED",
+    "ENETUNREACH",
+    "EHOSTUNREACH",
+    "ENOENT",
+    "EACCES",
+    "ECONNABORTED",
+    "dns-failed",
+    "curl exit 6",
+    "curl exit 7",
+}
 
 
 @pytest.fixture
@@ -584,7 +594,7 @@ def test_ctrl_c_reaches_the_command_once_and_a_second_one_ends_the_sandbox(kvi, 
 
 def test_ctrl_c_ends_a_command_that_does_not_catch_it(kvi, routed, tmp_path):
     marker = _marker()
-    script = f'sleep {marker} & echo ready; wait'
+    script = f"sleep {marker} & echo ready; wait"
     proc, tty = _in_a_terminal([sys.executable, "-m", "keyveil", "run", "--isolate", "--", "sh", "-c", script], kvi.env, tmp_path)
     try:
         _read_until(tty, "ready")
@@ -816,7 +826,11 @@ def test_where_the_kernel_allows_no_namespaces_the_command_is_not_run(kvi, route
             {"root": False, "unprivileged_userns_clone": 0},
             "kernel.unprivileged_userns_clone = 0",
         ),
-        ("bwrap: setting up uid map: Permission denied", {"root": False, "apparmor_restrict": 1}, "apparmor_restrict_unprivileged_userns = 1"),
+        (
+            "bwrap: setting up uid map: Permission denied",
+            {"root": False, "apparmor_restrict": 1},
+            "apparmor_restrict_unprivileged_userns = 1",
+        ),
         ("bwrap: Creating new namespace failed: Operation not permitted", {"root": True, "container": True}, "this container forbids"),
         ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", {"root": False}, "fresh /proc"),
         ("bwrap: Unknown option --perms", {}, "too old"),
@@ -963,7 +977,7 @@ def _reachable_paths_script(uid: int, needed: list[Path], stash: Path) -> str:
             covers.setdefault(closed, []).append(path)
     covers = {d: ps for d, ps in covers.items() if not any(o != d and o in d.parents for o in covers)}
     i = 0
-    for closed, paths in covers.items():
+    for paths in covers.values():
         for path in paths:
             lines.append(f"mkdir -p {stash}/{i} && mount --bind {shlex.quote(str(path))} {stash}/{i}")
             i += 1
@@ -1012,13 +1026,16 @@ def _has_passwd_entry(uid: int) -> bool:
     return True
 
 
-UNPRIVILEGED_PROBE = r"""
+UNPRIVILEGED_PROBE = (
+    r"""
 id -u
 curl -sS --fail -u 'x-access-token:{{secret:github/pat}}' "$1" || echo "curl failed"
 cat "$KEYVEIL_HOME/vault/key" >/dev/null 2>&1 && echo "LEAK: vault key"
 cat "$KEYVEIL_HOME/certs/mitmproxy-ca.pem" >/dev/null 2>&1 && echo "LEAK: CA key"
 curl -sS -k --noproxy '*' -m 10 -o /dev/null "https://127.0.0.1:$2/" 2>/dev/null && echo "LEAK: host loopback"
-""" + UNHIDE
+"""
+    + UNHIDE
+)
 
 
 @pytest.mark.timeout(120)
@@ -1047,7 +1064,12 @@ def test_as_an_unprivileged_user(unprivileged, upstream, up):
     upstream_ca = base / "upstream-ca.pem"  # the upstream's own copy is in a directory only root can read
     shutil.copyfile(upstream.ca_pem, upstream_ca)
     os.chmod(upstream_ca, 0o644)
-    options = {**infra.route_options(upstream), "ssl_verify_upstream_trusted_ca": upstream_ca, "keyveil_home": home, "confdir": home / "certs"}
+    options = {
+        **infra.route_options(upstream),
+        "ssl_verify_upstream_trusted_ca": upstream_ca,
+        "keyveil_home": home,
+        "confdir": home / "certs",
+    }
     proxy = infra.ProxyProcess([infra.KEYVEIL_ADDON, infra.ROUTE_ADDON], options, workdir=work, env=env, mitmdump=mitmdump)
     with proxy:
         _write_state(home, proxy)

@@ -304,8 +304,7 @@ def diagnose(stderr: str, facts: Mapping[str, object]) -> tuple[str, str]:
         )
     if "Can't mount proc" in text:
         return (
-            "the kernel refused a fresh /proc for the sandbox's PID namespace (the host's /proc is partly masked, "
-            "as in most containers)",
+            "the kernel refused a fresh /proc for the sandbox's PID namespace (the host's /proc is partly masked, as in most containers)",
             _CONTAINER_FIX,
         )
     if facts.get("container") and ("Operation not permitted" in text or "Permission denied" in text):
@@ -541,9 +540,13 @@ class Sandbox:
         if tag == b"H":
             return _refuse(self.command, f"the sandbox still shows {text}, which it must hide", f"report this as a keyveil bug; see {DOCS}")
         if tag == b"N":
-            return _refuse(self.command, f"the sandbox has network interfaces besides loopback ({text})", f"report this as a keyveil bug; see {DOCS}")
+            return _refuse(
+                self.command, f"the sandbox has network interfaces besides loopback ({text})", f"report this as a keyveil bug; see {DOCS}"
+            )
         if tag == b"B":
-            return _refuse(self.command, f"the proxy's address 127.0.0.1:{self.proxy.port} could not be bound in the sandbox ({text})", f"see {DOCS}")
+            return _refuse(
+                self.command, f"the proxy's address 127.0.0.1:{self.proxy.port} could not be bound in the sandbox ({text})", f"see {DOCS}"
+            )
         return self._setup_failed()
 
     def _setup_failed(self, what: str | None = None) -> IsolationError:
@@ -643,6 +646,7 @@ class Sandbox:
 
             poll()
             return lambda: [h.cancel() for h in handle]
+
         def on_exit() -> None:
             loop.remove_reader(fd)
             self._proxy_died(loop)
@@ -661,8 +665,7 @@ class Sandbox:
         self._ended_by = 2
         if not self.quiet:
             print(
-                f"keyveil: the proxy (pid {self.proxy.pid}) exited; ending the sandbox, as {self.command[0]} can "
-                "reach nothing without it",
+                f"keyveil: the proxy (pid {self.proxy.pid}) exited; ending the sandbox, as {self.command[0]} can reach nothing without it",
                 file=sys.stderr,
                 flush=True,
             )
