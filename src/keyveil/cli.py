@@ -337,8 +337,9 @@ def cmd_run(args) -> int:
             where = urlsplit(url)
             proxy = _isolate.Endpoint(where.hostname or LOOPBACK, where.port or DEFAULT_PORT, proxy_pid)
             # Inside the sandbox the proxy is at 127.0.0.1 on the same port, whatever
-            # loopback address it listens on outside.
-            env.update(proxy_env(home, f"http://{LOOPBACK}:{proxy.port}"))
+            # loopback address it listens on outside (credentials in the URL are kept).
+            userinfo = where.netloc.rpartition("@")[0]
+            env.update(proxy_env(home, f"http://{userinfo + '@' if userinfo else ''}{LOOPBACK}:{proxy.port}"))
             return _isolate.run_isolated(command, env=env, home=home, proxy=proxy, plan=plan)
         env.update(proxy_env(home, url))
         rc = subprocess.call(command, env=env)
