@@ -541,6 +541,47 @@ def test_signals_sent_to_keyveil_reach_the_command(kvi, routed, tmp_path):
     kvi.outputs.append(proc.stderr.read())
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_ctrl_z_stops_the_sandbox_with_keyveil_and_fg_resumes_both(kvi, routed, tmp_path):
+    marker = _marker()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keyveil", "run", "--isolate", "--", "sh", "-c", f"echo ready; exec sleep {marker}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=kvi.env,
+        cwd=tmp_path,
+    )
+    try:
+        _read_until(proc.stdout, "ready")
+        deadline = time.monotonic() + 10
+        while not _processes_with(marker):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (sleeper,) = _processes_with(marker)
+        proc.send_signal(signal.SIGTSTP)  # what Ctrl-Z sends to the terminal's job
+        deadline = time.monotonic() + 10
+        while (_state(proc.pid), _state(sleeper)) != ("T", "T"):
+            assert time.monotonic() < deadline, (_state(proc.pid), _state(sleeper))
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGCONT)  # what `fg` sends
+        deadline = time.monotonic() + 10
+        while "T" in (_state(proc.pid), _state(sleeper)):
+            assert time.monotonic() < deadline, (_state(proc.pid), _state(sleeper))
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    kvi.outputs.append(proc.stderr.read())
+    assert _processes_with(marker) == []
+
+
 def _in_a_terminal(args: list[str], env: dict, cwd: Path) -> tuple[subprocess.Popen, int]:
     """ARGS as the foreground job of a new terminal (a pty): typing ^C there is a real Ctrl-C."""
     master, slave = os.openpty()

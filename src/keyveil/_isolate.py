@@ -44,9 +44,10 @@ GRACE_SECONDS = 5.0
 SETUP_TIMEOUT = 30.0
 _CHUNK = 1 << 16
 
-# Signals keyveil passes on to the sandbox's process group. SIGINT, SIGTERM and
-# SIGHUP are forwarded too, with the handling described in Sandbox._on_signal.
-_PASSED_ON = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
+# Signals keyveil passes on to the sandbox's process group. SIGINT, SIGTERM,
+# SIGHUP and SIGTSTP are forwarded too, as Sandbox._on_signal describes.
+_PASSED_ON = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, *_PASSED_ON)
 
 DOCS = "docs/isolation.md"
 
@@ -598,7 +599,7 @@ class Sandbox:
         err_fd = self.proc.stderr.fileno()
         os.set_blocking(err_fd, False)
         loop.add_reader(err_fd, self._relay_stderr, err_fd, loop)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *_PASSED_ON):
+        for sig in _HANDLED:
             loop.add_signal_handler(sig, self._on_signal, sig, loop)
         self.listener.setblocking(False)
         bridge = asyncio.ensure_future(self._accept(loop))
@@ -614,7 +615,7 @@ class Sandbox:
                 loop.remove_reader(err_fd)
             if watch is not None:
                 watch()
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *_PASSED_ON):
+            for sig in _HANDLED:
                 loop.remove_signal_handler(sig)
         rc = self.proc.wait()
         self._drain_stderr(err_fd)
@@ -674,7 +675,13 @@ class Sandbox:
 
     def _on_signal(self, sig: int, loop: asyncio.AbstractEventLoop) -> None:
         """SIGINT: the first goes to CMD, a second ends the sandbox at once.
-        SIGTERM, SIGHUP: go to CMD, which gets GRACE_SECONDS to end. Others: passed on."""
+        SIGTERM, SIGHUP: go to CMD, which gets GRACE_SECONDS to end.
+        SIGTSTP (Ctrl-Z): the sandbox stops, then keyveil; SIGCONT (fg) resumes both.
+        Others: passed on."""
+        if sig == signal.SIGTSTP:
+            self._signal_sandbox(signal.SIGSTOP)  # CMD is not in the terminal's job: stop it as the job would be
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
         if sig == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts >= 2:
