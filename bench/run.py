@@ -1,11 +1,12 @@
 """Run keyveil's benchmarks and record them in bench/RESULTS.md (`make bench`).
 
-    .venv/bin/python bench/run.py [--quick] [--only engine|proxy|openbao]
+    .venv/bin/python bench/run.py [--quick] [--only SECTION]
 
 ``engine`` times the sealer in-process; ``proxy`` runs plain mitmdump and
 mitmdump + keyveil side by side over loopback TLS; ``openbao`` runs keyveil
 on the file vault and on a real OpenBao dev server side by side, and times a
-rotation reaching three proxies. Each figure is printed with
+rotation reaching three proxies; ``isolate`` times `keyveil run --isolate`
+against `keyveil run` (start-up and a download). Each figure is printed with
 its target as it is measured. The figures are kept in bench/results.json and
 RESULTS.md is rewritten from it, so ``--only`` refreshes one section and keeps
 the other. Text below the notes marker in RESULTS.md is kept as it is.
@@ -16,6 +17,7 @@ non-zero only when a benchmark could not run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import datetime as dt
 import json
 import os
@@ -30,10 +32,13 @@ from benchlib import BENCH, Row, machine  # noqa: E402
 RESULTS_MD = BENCH / "RESULTS.md"
 RESULTS_JSON = BENCH / "results.json"
 NOTES_MARKER = "<!-- notes: everything below this line is kept by bench/run.py -->"
+#: section → its module in bench/, run in this order by `make bench`
+SECTIONS = {"engine": "engine_bench", "proxy": "proxy_bench", "openbao": "openbao_bench", "isolate": "isolate_bench"}
 TITLES = {
     "engine": "Engine (`keyveil._engine.Sealer`, in-process)",
     "proxy": "Proxy (plain mitmdump vs mitmdump + keyveil, loopback TLS both sides)",
     "openbao": "OpenBao vault backend (keyveil on the file vault vs on OpenBao; rotation to 3 proxies)",
+    "isolate": "Isolation (`keyveil run --isolate` vs `keyveil run`, bench/isolate_bench.py)",
 }
 ABOUT = {
     "engine": (
@@ -61,6 +66,13 @@ ABOUT = {
         "the new value through each of 3 running openbao proxies, until the upstream receives the "
         "reference instead; the time is from the write's return to the last proxy sealing it."
     ),
+    "isolate": (
+        "Wall time of whole `keyveil run` commands (Python start-up included), the two variants alternated run by "
+        "run. Start-up: both use one running `keyveil start` proxy, so neither starts a private proxy; the parts are "
+        "bubblewrap with keyveil's namespaces (user, mount, network, PID, IPC, UTS) and mount plan running `true`, and "
+        "the sandbox helper's `python -I -S`. Download: curl through mitmdump + keyveil routed to the bench upstream "
+        "(TLS, HTTP/1.1), `--ro` of that proxy's CA directory for the sandboxed run."
+    ),
 }
 
 
@@ -76,12 +88,12 @@ def render(results: dict) -> str:
         "# keyveil benchmarks",
         "",
         "Written by `make bench` (`.venv/bin/python bench/run.py`; `--quick` for fewer repetitions, "
-        "`--only engine|proxy|openbao` for one section). Do not edit the tables by hand: run the benchmarks.",
+        "`--only SECTION` for one section). Do not edit the tables by hand: run the benchmarks.",
         "Every speed figure is a ratio against a baseline measured in the same run, interleaved with it, "
         "because the machine is shared and noisy; absolute figures come with their baseline.",
         "",
     ]
-    for section in ("engine", "proxy", "openbao"):
+    for section in SECTIONS:
         data = results["sections"].get(section)
         if not data:
             continue
@@ -122,28 +134,17 @@ def write_results(results: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier)")
-    parser.add_argument("--only", choices=("engine", "proxy", "openbao"), help="run one section, keep the others' results")
+    parser.add_argument("--only", choices=SECTIONS, help="run one section, keep the others' results")
     args = parser.parse_args(argv)
 
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, mitmproxy {info['mitmproxy']}", flush=True)
     results = load_results()
-    sections = [args.only] if args.only else ["engine", "proxy", "openbao"]
+    sections = [args.only] if args.only else list(SECTIONS)
     for section in sections:
         print(f"\n== {section} ==", flush=True)
         t0 = time.monotonic()
-        if section == "engine":
-            import engine_bench
-
-            rows: list[Row] = engine_bench.run(args.quick)
-        elif section == "proxy":
-            import proxy_bench
-
-            rows = proxy_bench.run(args.quick)
-        else:
-            import openbao_bench
-
-            rows = openbao_bench.run(args.quick)
+        rows: list[Row] = importlib.import_module(SECTIONS[section]).run(args.quick)
         results["sections"][section] = {
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "mode": "quick" if args.quick else "full",

@@ -184,6 +184,8 @@ class Policy(_Model):
     unbound_reference: Literal["block_auth", "block", "pass"] = "block_auth"
     undecodable_body: Literal["block", "pass"] = "block"
     max_body_bytes: int = Field(default=67108864, gt=0)
+    # true: `keyveil run` refuses to run CMD without --isolate (for teams that want containment always)
+    require_isolation: bool = False
 
 
 class Providers(_Model):

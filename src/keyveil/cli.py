@@ -317,7 +317,19 @@ def cmd_run(args) -> int:
         names = ", ".join(sorted(rules.agents)) or "none"
         raise UsageError(f"rules.yaml names agents: run CMD as one of them with --agent NAME (agents: {names})")
     password = _agent_password(home, rules, args.agent) if args.agent is not None else None
+    plan = None
+    if args.isolate:
+        from . import _isolate
+
+        # Everything that can refuse is checked before a proxy is started.
+        _isolate.find_bwrap(os.environ, command)
+        plan = _isolate.plan_mounts(home, [_isolate.PathRule(kind, path) for kind, path in args.paths], os.environ)
+    else:
+        if args.paths:
+            raise UsageError("--ro, --rw and --hide shape the sandbox: use them with --isolate")
+        _refuse_unless_isolated(home, command)
     url = _running_proxy(home)
+    proxy_pid = _running_proxy_pid(home) if url else None
     private = None
     if url is None:
         port = _free_port()
@@ -329,8 +341,12 @@ def cmd_run(args) -> int:
             stderr=log,
             # loopback and private to CMD: no proxy authentication
             env={k: v for k, v in os.environ.items() if k != "KEYVEIL_PROXYAUTH"},
+            # Its own session, so that a Ctrl-C meant for CMD does not stop the
+            # proxy under it; and it ends with keyveil run, even a killed one.
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
         )
-        url = f"http://{LOOPBACK}:{port}"
+        url, proxy_pid = f"http://{LOOPBACK}:{port}", private.pid
         if not _wait_listening(port, private):
             private.kill()
             private.wait(10)
@@ -342,9 +358,22 @@ def cmd_run(args) -> int:
 
         url = with_credentials(url, args.agent, password)
     env = {k: v for k, v in os.environ.items() if not _withheld(k)}
-    env.update(proxy_env(home, url))
     try:
-        return subprocess.call(command, env=env)
+        if plan is not None:
+            from urllib.parse import urlsplit
+
+            from . import _isolate
+
+            where = urlsplit(url)
+            proxy = _isolate.Endpoint(where.hostname or LOOPBACK, where.port or DEFAULT_PORT, proxy_pid)
+            # Inside the sandbox the proxy is at 127.0.0.1 on the same port, whatever
+            # loopback address it listens on outside (credentials in the URL are kept).
+            userinfo = where.netloc.rpartition("@")[0]
+            env.update(proxy_env(home, f"http://{userinfo + '@' if userinfo else ''}{LOOPBACK}:{proxy.port}"))
+            return _isolate.run_isolated(command, env=env, home=home, proxy=proxy, plan=plan)
+        env.update(proxy_env(home, url))
+        rc = subprocess.call(command, env=env)
+        return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell reports it
     except FileNotFoundError:
         raise UsageError(f"command not found: {command[0]}") from None
     finally:
@@ -364,12 +393,52 @@ def _agent_password(home: Home, rules, agent: str) -> bytes:
     return agent_password(rules, open_vault(home.root).load().current, agent)
 
 
+def _refuse_unless_isolated(home: Home, command: list[str]) -> None:
+    """policy.require_isolation: true (SPEC §4) makes `keyveil run` refuse to run CMD bare."""
+    try:
+        text = home.rules.read_text()
+    except OSError:
+        return
+    if "require_isolation" not in text:  # spares loading the rules (~0.4 s) on every run
+        return
+    from ._rules import load_rules
+
+    if load_rules(home.rules).policy.require_isolation:
+        raise UsageError(
+            f"{home.rules} sets policy.require_isolation: true, so {shlex.quote(command[0])} was not run: "
+            f"run it as `keyveil run --isolate -- {shlex.join(command)}`"
+        )
+
+
+def _running_proxy_pid(home: Home) -> int | None:
+    try:
+        return int(json.loads(_state_file(home).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+
+
+def _die_with_parent():
+    """A preexec_fn that makes a child get SIGTERM when keyveil run ends (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # keyveil ended before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
 def _withheld(var: str) -> bool:
-    """Variables the agent must not inherit: they open the vault."""
-    return (
-        var in ("KEYVEIL_PASSPHRASE", "KEYVEIL_PROXYAUTH", "BAO_TOKEN", "VAULT_TOKEN")
-        or var.startswith("KEYVEIL_SECRET_")
-    )
+    """Variables the agent must not inherit: they open the vault or the proxy."""
+    from ._isolate import is_secret_variable
+
+    return is_secret_variable(var)
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> bool:
@@ -471,6 +540,13 @@ def cmd_doctor(args) -> int:
 # -- main ------------------------------------------------------------------------------
 
 
+class _PathOption(argparse.Action):
+    """--ro, --rw and --hide into one list, in the order given (later options win)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), (option_string.lstrip("-"), values)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyveil", description="Let AI agents use API keys without reading them.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -502,6 +578,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a command through the proxy")
     run.add_argument("--agent", metavar="NAME", help="run CMD as this agent of rules.yaml (agents:)")
+    run.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run it in a sandbox (user, mount, network, PID namespaces) that reaches only the proxy "
+        "and cannot read KEYVEIL_HOME; refuses (exit 2) where that is impossible",
+    )
+    for kind, text in (
+        ("ro", "with --isolate: show PATH read-only"),
+        ("rw", "with --isolate: show PATH read-write (also under the private /tmp and /run)"),
+        ("hide", "with --isolate: hide PATH (an empty directory, a file that cannot be opened)"),
+    ):
+        run.add_argument(f"--{kind}", action=_PathOption, dest="paths", default=[], metavar="PATH", help=text)
     run.add_argument("command", nargs=argparse.REMAINDER)
     run.set_defaults(func=cmd_run)
 

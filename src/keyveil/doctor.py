@@ -89,4 +89,13 @@ def run_doctor(home: Home) -> int:
                 print(_service.format_finding(f), flush=True)
             else:
                 report(f.ok, f.what, f.fix)
+
+    from ._isolate import check as check_isolation
+
+    works, found, fix = check_isolation(home)
+    required = rules is not None and rules.policy.require_isolation
+    if works or required:  # without the policy, keyveil works unisolated: a note, not a failure
+        report(works, f"isolation (keyveil run --isolate): {found}", fix + ("; the rules require isolation" if required else ""))
+    else:
+        print(f"note isolation (keyveil run --isolate) is not available: {found}\n     → {fix}", flush=True)
     return 0 if failures == 0 else 2
