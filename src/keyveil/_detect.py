@@ -595,6 +595,13 @@ class Detector:
         kept.sort()
         return [Detection(s, e, kind, bytes(data[s:e])) for s, e, kind in kept]
 
+    def named_kind(self, name: bytes, value: bytes) -> str | None:
+        """The KIND of VALUE assigned to NAME by an entry with `context.names`, if one fits."""
+        for named in self._named:
+            if named.regex.match(value) and named.names.search(name):
+                return named.kind
+        return None
+
     def proposal(self, kind: str) -> DetectorEntry | None:
         """The entry of KIND when it proposes a binding (hosts and inject), else None."""
         entry = self.entries.get(kind)
