@@ -485,3 +485,8 @@ def test_precision_on_real_non_secret_text(detector, fp_corpus):
     assert not missed, f"planted tokens missed in {missed[:5]}"
     assert per_mib <= PRECISION_TARGET, f"{per_mib:.2f} false detections per MiB: {false[:10]}"
     assert size >= PRECISION_CORPUS * 0.8, detect_corpus.describe(fp_corpus)
+
+
+def test_every_kind_is_documented(detector):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "detection.md").read_text()
+    assert [k for k in detector.kinds if f"`{k}`" not in doc] == []
