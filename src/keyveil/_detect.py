@@ -477,7 +477,7 @@ class Detector:
                     )
                 if entry.context.names is not None:
                     names = re.compile(entry.context.names.encode("ascii"))
-                    self._named.append(_Named(rank, entry.name, names, re.compile(regex.pattern + rb"\Z")))
+                    self._named.append(_Named(rank, entry.name, names, regex))
         self._followers = followers
         keywords = {v.encode("ascii") for k in table.assignments.keywords for v in (k, k.upper(), k.capitalize())}
 
@@ -549,7 +549,7 @@ class Detector:
         s, e = m.span(group)
         value = bytes(data[s:e])
         for named in self._named:
-            if named.regex.match(value) and named.names.search(_name_at(data, start, m.end("rest"))):
+            if named.regex.fullmatch(value) and named.names.search(_name_at(data, start, m.end("rest"))):
                 found.append((named.rank, s, e, named.kind))
                 return
         if looks_random(value, self._min_length, self._min_entropy):
@@ -598,7 +598,7 @@ class Detector:
     def named_kind(self, name: bytes, value: bytes) -> str | None:
         """The KIND of VALUE assigned to NAME by an entry with `context.names`, if one fits."""
         for named in self._named:
-            if named.regex.match(value) and named.names.search(name):
+            if named.regex.fullmatch(value) and named.names.search(name):
                 return named.kind
         return None
 
