@@ -60,7 +60,7 @@ def _precision(detector, total: int, rng: random.Random) -> tuple[Row, dict]:
     false: Counter[tuple[str, str]] = Counter()
     for i, part in enumerate(parts):
         text, value = samples(kinds[i % len(kinds)])[0]
-        cut = len(part.data) // 2
+        cut = detect_corpus.plant_at(part.data)
         planted_span = (cut, cut + len(text) + 2)
         data = part.data[:cut] + b"\n" + text.encode() + b"\n" + part.data[cut:]
         size += len(data)

@@ -160,6 +160,13 @@ def fp_corpus(total: int, seed: int = 1) -> list[Part]:
     return parts
 
 
+def plant_at(data: bytes) -> int:
+    """Where to plant a token in DATA: at a line break past the middle, so the plant does
+    not cut a line (of MIME-wrapped base64, say) into a piece that looks like a token."""
+    cut = data.find(b"\n", len(data) // 2)
+    return cut if cut >= 0 else len(data)
+
+
 def is_real_private_key(pem: bytes) -> bool:
     """True when PEM really is a private key (a true detection), not text shaped like one."""
     from cryptography.hazmat.primitives import serialization

@@ -467,7 +467,7 @@ def test_precision_on_real_non_secret_text(detector, fp_corpus):
     for part in fp_corpus:
         data = part.data
         token_text, token = samples(sorted(MAKERS)[planted % len(MAKERS)])[0]
-        cut = len(data) // 2
+        cut = detect_corpus.plant_at(data)
         data = data[:cut] + b"\n" + token_text.encode() + b"\n" + data[cut:]
         planted += 1
         size += len(data)
