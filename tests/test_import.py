@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import secrets
 import subprocess
 import sys
 from pathlib import Path
