@@ -6,7 +6,8 @@
 mitmdump + keyveil side by side over loopback TLS; ``openbao`` runs keyveil
 on the file vault and on a real OpenBao dev server side by side, and times a
 rotation reaching three proxies; ``isolate`` times `keyveil run --isolate`
-against `keyveil run` (start-up and a download). Each figure is printed with
+against `keyveil run` (start-up and a download); ``detect`` measures the
+precision, recall and speed of the detector of unregistered values. Each figure is printed with
 its target as it is measured. The figures are kept in bench/results.json and
 RESULTS.md is rewritten from it, so ``--only`` refreshes one section and keeps
 the other. Text below the notes marker in RESULTS.md is kept as it is.
@@ -33,14 +34,30 @@ RESULTS_MD = BENCH / "RESULTS.md"
 RESULTS_JSON = BENCH / "results.json"
 NOTES_MARKER = "<!-- notes: everything below this line is kept by bench/run.py -->"
 #: section → its module in bench/, run in this order by `make bench`
-SECTIONS = {"engine": "engine_bench", "proxy": "proxy_bench", "openbao": "openbao_bench", "isolate": "isolate_bench"}
+SECTIONS = {
+    "engine": "engine_bench",
+    "detect": "detect_bench",
+    "proxy": "proxy_bench",
+    "openbao": "openbao_bench",
+    "isolate": "isolate_bench",
+}
 TITLES = {
     "engine": "Engine (`keyveil._engine.Sealer`, in-process)",
     "proxy": "Proxy (plain mitmdump vs mitmdump + keyveil, loopback TLS both sides)",
     "openbao": "OpenBao vault backend (keyveil on the file vault vs on OpenBao; rotation to 3 proxies)",
     "isolate": "Isolation (`keyveil run --isolate` vs `keyveil run`, bench/isolate_bench.py)",
+    "detect": "Detector of unregistered values (`keyveil._detect`, in-process)",
 }
 ABOUT = {
+    "detect": (
+        "The false-positive corpus is built at run time from this machine (tests/detect_corpus.py): the venv's "
+        "Python source and dist-info metadata, minified JavaScript and package.json/lock files of a few npm "
+        "packages (installed into ~/.cache/keyveil-tests/detect-npm), git object ids of this repository, UUIDs, "
+        "and images as base64; one generated token is planted in every file and not counted. Tokens are built "
+        "from documented prefixes and random pieces, new every run. Speed: medians of CPU time (process_time: the "
+        "machine is shared), detector and Sealer.seal() "
+        "interleaved on the same body (1,000 and 10 fake values of 32-40 characters)."
+    ),
     "engine": (
         "Fake values are 32-40 random characters with one each of `/`, `\"` and `+` (11 forms per value: "
         "1,000 values give 11,000 forms), new every run. The naive baseline loops "

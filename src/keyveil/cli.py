@@ -120,6 +120,10 @@ def cmd_secret(args) -> int:
     if args.action == "ref":
         _out(format_reference(_name(args.name)))
         return 0
+    if args.action == "import":
+        from ._import import run_import
+
+        return run_import(home, Path(args.file), dry_run=args.dry_run, out=_out)
     vault = open_vault(home.root)
     if args.action == "set":
         if args.value is not None:
@@ -549,6 +553,7 @@ class _PathOption(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyveil", description="Let AI agents use API keys without reading them.")
+    parser.add_argument("--version", action="version", version=f"keyveil {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     sub.add_parser("init", help="create the home, rules file and CA").set_defaults(func=cmd_init)
@@ -561,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "set":  # only to refuse it without echoing it back
             p.add_argument("value", nargs="?", help=argparse.SUPPRESS)
     ssub.add_parser("list", help="names, versions and bindings (never values)")
+    imp = ssub.add_parser("import", help="register the secret-looking entries of a .env file")
+    imp.add_argument("file", metavar="FILE")
+    imp.add_argument("--dry-run", action="store_true", help="show the plan, store nothing")
     secret.set_defaults(func=cmd_secret)
 
     rules = sub.add_parser("rules", help="rules file")
@@ -616,6 +624,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="check home, vault, rules, CA and a sealed round trip").set_defaults(func=cmd_doctor)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("keyveil")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,668 @@
+"""Detection of values nobody registered (SPEC §3a): well-known token shapes and secret-looking assignments.
+
+The shipped table (config/detectors.yaml) is validated once, with errors of the
+form ``FILE:LINE: FIELD: what is wrong``, and compiled once into a `Detector`:
+a few Aho-Corasick automata over the literal prefixes of every shape and the
+keywords of secret-looking names, so that finding every candidate in a buffer
+is one scan whatever the number of detectors; a shape's regular expression runs
+only where its prefix occurs. `Detector.find` works on any bytes buffer (the
+raw body or a decoded view of it) and returns every detection it finds: there
+is no cap on their number, and none on the size of the buffer.
+`detected_name` turns a detected value into a stable, keyed name.
+
+This module is pure: it imports nothing from mitmproxy and touches no file but
+the table it is asked to load. It must never put a value into a message, a
+repr or an exception: only kinds, offsets and lengths.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import functools
+import hashlib
+import hmac
+import math
+import re
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import ahocorasick_rs
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from keyveil._errors import RulesError, UsageError
+from keyveil._rules import (
+    HostPatternField,
+    Inject,
+    _check_version,
+    _clean_loc,
+    _describe,
+    _format,
+    _load_yaml,
+    shipped_config_dir,
+)
+from keyveil._rules import _message as _rules_message
+
+__all__ = [
+    "Detection",
+    "Detector",
+    "DetectorTableError",
+    "DetectorTable",
+    "detected_name",
+    "load_detectors",
+    "parse_detectors",
+    "shipped_detector",
+    "looks_random",
+]
+
+
+class DetectorTableError(UsageError):
+    """The detector table is invalid. Message form: ``FILE:LINE: FIELD: what is wrong``."""
+
+
+# --- the table ---------------------------------------------------------------------
+
+KIND_MAX = 48  # "detected/" + KIND + "-" + ID stays far below the 128 of a secret name
+_KIND = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+
+
+def _kind(name: str) -> str:
+    if len(name) > KIND_MAX or _KIND.match(name) is None:
+        raise ValueError(
+            f"{name!r} is not a detector name: use lower-case letters and digits in words "
+            f"joined by '-' (e.g. github-pat), at most {KIND_MAX} characters"
+        )
+    return name
+
+
+def _compile(text: str, what: str, flags: int = 0) -> re.Pattern[bytes]:
+    if not text.isascii():
+        raise ValueError(f"{what} must be ASCII")
+    try:
+        return re.compile(text.encode("ascii"), flags)
+    except re.error as e:
+        raise ValueError(f"{what} is not a valid regular expression: {e.msg} (at position {e.pos})") from None
+
+
+def _shape(text: str) -> str:
+    regex = _compile(text, "the shape")
+    if regex.match(b"") is not None:
+        raise ValueError("the shape matches empty text: it must match the token itself")
+    return text
+
+
+def _names(text: str) -> str:
+    _compile(text, "context.names")
+    return text
+
+
+def _prefix(text: str) -> str:
+    if len(text) < 2 or not text.isascii() or not text.isprintable():
+        raise ValueError(f"{text!r} is not a usable prefix: at least 2 printable ASCII characters")
+    return text
+
+
+def _keyword(text: str) -> str:
+    if len(text) < 3 or not (text.isascii() and text.isalpha()):
+        raise ValueError(f"{text!r} is not a usable keyword: at least 3 ASCII letters")
+    return text.lower()
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+Kind = Annotated[str, AfterValidator(_kind)]
+Shape = Annotated[str, AfterValidator(_shape)]
+Prefix = Annotated[str, AfterValidator(_prefix)]
+Keyword = Annotated[str, AfterValidator(_keyword)]
+Text = Annotated[str, AfterValidator(_text)]
+NamesRegex = Annotated[str, AfterValidator(_names)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Context(_Model):
+    """Where a shape too common on its own counts: assigned to such a name, or after another detection."""
+
+    names: NamesRegex | None = None
+    after: Kind | None = None
+    within: int = Field(default=256, gt=0, le=65536)
+
+    @model_validator(mode="after")
+    def _one(self) -> Context:
+        if self.names is None and self.after is None:
+            raise ValueError("give names (a regex on the variable name) or after (a KIND), or both")
+        return self
+
+
+class DetectorEntry(_Model):
+    """One token kind of the table."""
+
+    name: Kind
+    provider: Text
+    about: Text
+    prefixes: list[Prefix] = []
+    shape: Shape
+    context: Context | None = None
+    hosts: list[HostPatternField] = []
+    inject: list[Inject] = []
+
+    @model_validator(mode="after")
+    def _reachable(self) -> DetectorEntry:
+        if not self.prefixes and self.context is None:
+            raise ValueError(
+                "list prefixes (literal text every match starts with) or give a context: "
+                "without either the shape could only be found by trying it at every byte"
+            )
+        if self.prefixes and self.context is not None:
+            raise ValueError(
+                "give prefixes (the shape counts on its own) or a context (it counts only beside "
+                "something else), not both"
+            )
+        if bool(self.hosts) != bool(self.inject):
+            raise ValueError("give hosts and inject together (a proposed binding), or neither (sealed only)")
+        return self
+
+
+class Assignments(_Model):
+    """Secret-looking names with long random values: NAME=VALUE, "name": "value", name: value."""
+
+    name: Kind = "assignment"
+    keywords: list[Keyword] = Field(min_length=1)
+    min_length: int = Field(ge=8, le=4096)
+    min_entropy: float = Field(ge=0, le=8)
+
+
+class DetectorTable(_Model):
+    """The whole table, validated."""
+
+    version: Literal[1]
+    detectors: list[DetectorEntry]
+    assignments: Assignments
+
+    _check_version = field_validator("version", mode="before")(_check_version)
+
+
+# --- loading -------------------------------------------------------------------------
+
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "table": tuple(DetectorTable.model_fields),
+    "entry": tuple(DetectorEntry.model_fields),
+    "context": tuple(Context.model_fields),
+    "assignments": tuple(Assignments.model_fields),
+    "inject": tuple(Inject.model_fields),
+}
+
+Loc = tuple[Any, ...]
+
+
+def shipped_table_path() -> Path:
+    return shipped_config_dir() / "detectors.yaml"
+
+
+@functools.cache
+def shipped_detector() -> Detector:
+    """The Detector of the shipped table, compiled once per process."""
+    return load_detectors(shipped_table_path())
+
+
+def load_detectors(path: Path | None = None) -> Detector:
+    """Read, validate and compile the detector table at PATH (default: the shipped one)."""
+    path = Path(path) if path is not None else shipped_table_path()
+    try:
+        text = path.read_text("utf-8")
+    except UnicodeDecodeError:
+        raise DetectorTableError(f"{path}:1: (file): the detector table is not UTF-8 text") from None
+    except OSError as e:
+        raise DetectorTableError(
+            f"{path}:1: (file): cannot read the detector table ({e.strerror or e}); reinstall keyveil"
+        ) from None
+    return parse_detectors(text, str(path))
+
+
+def parse_detectors(text: str, filename: str = "detectors.yaml") -> Detector:
+    """Validate and compile the detector table TEXT; FILENAME is only used in messages."""
+    try:
+        data, lines = _load_yaml(text, filename, "the detector table")
+    except RulesError as e:
+        raise DetectorTableError(str(e)) from None
+    try:
+        table = DetectorTable.model_validate(data)
+    except ValidationError as e:
+        problems = [(_clean_loc(err["loc"]), _message(err)) for err in e.errors()]
+        raise DetectorTableError(_format(problems, lines, data, filename)) from None
+    problems = _cross_check(table)
+    if problems:
+        raise DetectorTableError(_format(problems, lines, data, filename))
+    return Detector(table)
+
+
+def _cross_check(table: DetectorTable) -> list[tuple[Loc, str]]:
+    """What one entry alone cannot check: unique names, `after` naming a real entry."""
+    problems: list[tuple[Loc, str]] = []
+    first: dict[str, int] = {}
+    for i, entry in enumerate(table.detectors):
+        if entry.name in first:
+            problems.append(
+                (("detectors", i, "name"), f"{entry.name} is already the name of detectors[{first[entry.name]}]")
+            )
+        first.setdefault(entry.name, i)
+    if table.assignments.name in first:
+        problems.append(
+            (("assignments", "name"), f"{table.assignments.name} is already the name of a detector")
+        )
+    for i, entry in enumerate(table.detectors):
+        after = entry.context.after if entry.context else None
+        if after is None:
+            continue
+        if after == entry.name:
+            problems.append((("detectors", i, "context", "after"), "an entry cannot follow itself"))
+        elif after not in first:
+            close = difflib.get_close_matches(after, list(first), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append((("detectors", i, "context", "after"), f"no detector is named {after}{hint}"))
+    return problems
+
+
+def _message(err: Any) -> str:
+    loc = _clean_loc(err["loc"])
+    if err["type"] == "extra_forbidden":
+        allowed = _FIELDS[_model_at(loc[:-1])]
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        if close:
+            return f"unknown field; did you mean {close[0]!r}?"
+        return "unknown field; expected one of: " + ", ".join(allowed)
+    if err["type"] == "too_short" and loc == ("assignments", "keywords"):
+        return "list at least one keyword"
+    if err["type"] in ("greater_than_equal", "less_than_equal", "less_than"):
+        bound = err["ctx"].get("ge", err["ctx"].get("le", err["ctx"].get("lt")))
+        word = "at least" if err["type"] == "greater_than_equal" else "at most"
+        return f"must be {word} {bound}"
+    if err["type"] == "float_type":
+        return f"expected a number, got {_describe(err['input'])}"
+    return _rules_message(DetectorTable, err)  # types, missing fields, version: worded as for rules.yaml
+
+
+def _model_at(loc: Loc) -> str:
+    if not loc:
+        return "table"
+    if loc[0] == "assignments":
+        return "assignments"
+    if loc[0] == "detectors" and len(loc) >= 3:
+        if loc[2] == "context":
+            return "context"
+        if loc[2] == "inject":
+            return "inject"
+    return "entry"
+
+
+# --- detections ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Detection:
+    """One detected value: its span in the buffer, its kind, and the value itself."""
+
+    start: int
+    end: int
+    kind: str
+    value: bytes
+
+    def __repr__(self) -> str:
+        # Never the value: a repr ends up in logs and tracebacks.
+        return f"Detection(start={self.start}, end={self.end}, kind={self.kind!r}, value=<{len(self.value)} bytes>)"
+
+    __str__ = __repr__
+
+
+def detected_name(kind: str, value: bytes, key: bytes) -> str:
+    """The secret name of a detected VALUE: ``detected/KIND-ID``.
+
+    ID is HMAC-SHA256 under the per-home KEY of the value, truncated to 80 bits
+    and written as 16 lower-case base32 characters. The same value always gets
+    the same ID (so the agent's history stays stable); without the key an ID
+    tells nothing about the value, not even whether a guess is right. The ID
+    does not depend on KIND: one value has one ID whichever detector saw it.
+    """
+    _kind(kind)
+    if len(key) < 16:
+        raise ValueError("the detection key must be at least 16 random bytes")
+    digest = hmac.new(key, b"keyveil detected value v1\x00" + bytes(value), hashlib.sha256).digest()
+    return f"detected/{kind}-{base64.b32encode(digest[:10]).decode('ascii').lower()}"
+
+
+# --- randomness of an assigned value ------------------------------------------------------
+
+# Text a config or a tutorial puts where a value goes: not a value.
+_PLACEHOLDER = re.compile(
+    rb"xxxx|\*\*\*|\.\.\.|<[a-z_-]+>|\$\{|\$\(|\{\{|%\(|changeme|change_me|placeholder|your[_-]|example|"
+    rb"redacted|dummy|notasecret|not_a_secret",
+    re.IGNORECASE,
+)
+# Letter runs of an identifier split at case changes: `ThisIsMy` -> This, Is, My.
+_LETTER_RUNS = re.compile(rb"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+_DIGIT_RUNS = re.compile(rb"[0-9]+")
+_SEPARATORS = re.compile(rb"[^A-Za-z0-9]+")
+_VOWELS = b"aeiouAEIOU"
+_DOTTED = re.compile(rb"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)+")
+
+
+def entropy(value: bytes) -> float:
+    """Shannon entropy of VALUE's bytes, in bits per byte."""
+    n = len(value)
+    if not n:
+        return 0.0
+    return math.log2(n) - sum(c * math.log2(c) for c in Counter(value).values()) / n
+
+
+def looks_random(value: bytes, min_length: int = 16, min_entropy: float = 2.5) -> bool:
+    """True when VALUE is long and random enough to be a secret assigned to a secret-looking name.
+
+    Long enough, not a number, URL or variable, not made of words the way
+    identifiers, dotted names, paths and versions are, not a placeholder, and
+    varied enough (entropy). docs/detection.md ("Assignments") gives the reasons
+    and the measured recall and precision of each condition.
+    """
+    if len(value) < min_length or value.isdigit() or value[:1] == b"$" or b"://" in value:
+        return False
+    if _DOTTED.fullmatch(value):  # `module.Class.attr`, `auth.example.com`: code and host names
+        return False
+    runs = _LETTER_RUNS.findall(value)
+    if not runs:
+        return False
+    letters = sum(map(len, runs))
+    # Words: letter runs of 3 or more on average (a random value's runs are cut
+    # every one or two characters by digits, symbols and case changes), vowels as
+    # often as in words (a random run of capitals has about one in five), and few
+    # digit groups per piece (`v2`, `sha256`, not `k3j5h2`).
+    if (
+        letters >= 3 * len(runs)
+        and len(value) - len(value.translate(None, _VOWELS)) >= 0.2 * letters
+        and all(len(_DIGIT_RUNS.findall(piece)) <= 2 for piece in _SEPARATORS.split(value))
+    ):
+        return False
+    return _PLACEHOLDER.search(value) is None and entropy(value) >= min_entropy
+
+
+# --- the compiled scanner ----------------------------------------------------------------------
+
+# A byte that may not touch a token on either side: a letter or a digit.
+_WORD = bytes(1 if (48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122) else 0 for b in range(256))
+_TOKENISH = bytes(1 if (_WORD[b] or b in b"+/=_-") else 0 for b in range(256))
+_HEX = bytes(1 if (48 <= b <= 57 or 65 <= b <= 70 or 97 <= b <= 102) else 0 for b in range(256))
+_BACKSLASH, _PERCENT = 0x5C, 0x25
+_ESCAPE_LETTERS = frozenset(b"nrt")
+
+# The prefilter (Teddy) fingerprints the first three bytes of each literal and
+# scans at memory speed while it holds a few literals; measured on code and prose
+# (bench/detect_bench.py), groups of about 16 scan faster than one group of 40,
+# and a literal of one or two bytes (`SK`) weakens the fingerprint of its whole
+# group, so it gets a group of its own.
+_GROUP = 16
+
+# After a keyword: the rest of the name, a closing quote, an operator, an opening
+# quote, the value. Values hold no whitespace and no quote; a quoted value may also
+# hold the punctuation that ends a bare one (& ; , brackets).
+# '=' only at the end (base64 padding): `NAME=VALUE` inside a value is two assignments.
+_BARE = rb"A-Za-z0-9!#$%*+\-./:?@^_|~"
+_QUOTED = _BARE + rb"&;,()\[\]{}<>"
+_ASSIGN = re.compile(
+    rb"(?P<rest>[A-Za-z0-9_.-]{0,64}+)"  # possessive: a failed match gives up at once
+    rb"(?:\\?[\"'])?[ \t]{0,16}+"
+    rb"(?::=|=>|\?=|=(?![=~])|:(?![:/])(?:[ \t]{0,4}[A-Za-z_][A-Za-z0-9_.]{0,40}[ \t]{0,4}=(?!=))?)"
+    rb"[ \t]{0,16}(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)[ \t]{1,4})?"
+    rb"(?:(?P<q>\\?[\"'`])(?P<quoted>[" + _QUOTED + rb"]{8,}+={0,3})(?P=q)|(?P<bare>[" + _BARE + rb"]{8,}+={0,3})(?![(\[]))"  # `name = call(...)` is code
+)
+_NAME_BYTES = bytes(1 if (_WORD[b] or b in b"_.-") else 0 for b in range(256))
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    rank: int
+    kind: str
+    literal: bytes
+    regex: re.Pattern[bytes]
+    group: int | str
+
+
+@dataclass(frozen=True, slots=True)
+class _Follower:
+    rank: int
+    kind: str
+    regex: re.Pattern[bytes]
+    group: int | str
+    within: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    rank: int
+    kind: str
+    names: re.Pattern[bytes]
+    regex: re.Pattern[bytes]
+
+
+class Detector:
+    """The detector table compiled into one scanner. Build it once; call `find` per buffer."""
+
+    def __init__(self, table: DetectorTable) -> None:
+        self.table = table
+        self.entries: dict[str, DetectorEntry] = {e.name: e for e in table.detectors}
+        self.assignment_kind = table.assignments.name
+        self._min_length = table.assignments.min_length
+        self._min_entropy = table.assignments.min_entropy
+        self._assignment_rank = len(table.detectors)
+
+        literals: dict[bytes, list[_Shape]] = {}
+        followers: dict[str, list[_Follower]] = {}
+        self._named: list[_Named] = []
+        for rank, entry in enumerate(table.detectors):
+            regex = re.compile(entry.shape.encode("ascii"))
+            group: int | str = "value" if "value" in regex.groupindex else 0
+            for prefix in dict.fromkeys(entry.prefixes):
+                literal = prefix.encode("ascii")
+                literals.setdefault(literal, []).append(_Shape(rank, entry.name, literal, regex, group))
+            if entry.context is not None:
+                if entry.context.after is not None:
+                    followers.setdefault(entry.context.after, []).append(
+                        _Follower(rank, entry.name, regex, group, entry.context.within)
+                    )
+                if entry.context.names is not None:
+                    names = re.compile(entry.context.names.encode("ascii"))
+                    self._named.append(_Named(rank, entry.name, names, regex))
+        self._followers = followers
+        keywords = {v.encode("ascii") for k in table.assignments.keywords for v in (k, k.upper(), k.capitalize())}
+
+        # Two families of anchors, each in groups the SIMD prefilter takes: the
+        # prefixes of shapes (rare in text) and the keywords of names (common: a
+        # family of their own, so they do not slow the other scan down).
+        # Leftmost-first, not overlapping: what lets the prefilter run. No check is
+        # lost: every anchor starts a token or a keyword, and an anchor that overlaps
+        # the end of another starts right after a letter or digit of it, where no
+        # token may start (and a keyword inside a name is covered by the keyword
+        # before it, whose check reads the rest of the name).
+        kind = ahocorasick_rs.MatchKind.LeftmostFirst
+        self._shape_groups: list[tuple[ahocorasick_rs.BytesAhoCorasick, list[tuple[_Shape, ...]]]] = []
+        anchors = _anchors(literals)
+        checks: dict[bytes, list[_Shape]] = {a: [] for a in anchors}
+        for literal in sorted(literals):
+            anchor = max((a for a in anchors if literal.startswith(a)), key=len)
+            checks[anchor].extend(literals[literal])
+        for part in _grouped(anchors):
+            self._shape_groups.append((ahocorasick_rs.BytesAhoCorasick(part, matchkind=kind), [tuple(checks[a]) for a in part]))
+        words = sorted(keywords)
+        # Keywords hit often in any text, which no fingerprint avoids: one automaton
+        # (two of them would each pay for the hits of the other's common words).
+        self._keyword_groups = [ahocorasick_rs.BytesAhoCorasick(words, matchkind=kind)]
+        # The value of an assignment is at least this long: the shortest the
+        # randomness test or a named shape accepts.
+        shortest = min([self._min_length, *(_min_width(n.regex) for n in self._named)])
+        self._assign = re.compile(_ASSIGN.pattern.replace(b"{8,}+", b"{%d,}+" % max(1, shortest - 3)))
+
+    def __repr__(self) -> str:
+        groups = len(self._shape_groups) + len(self._keyword_groups)
+        return f"<Detector kinds={len(self.entries) + 1} automata={groups}>"
+
+    @property
+    def kinds(self) -> list[str]:
+        return [*self.entries, self.assignment_kind]
+
+    def find(self, data: bytes | bytearray | memoryview) -> list[Detection]:
+        """Every detected value in DATA, left to right, not overlapping. Never capped."""
+        found: list[tuple[int, int, int, str]] = []  # rank, start, end, kind
+        n = len(data)
+        for automaton, checks in self._shape_groups:
+            for index, start, _ in automaton.find_matches_as_indexes(data):
+                if not _clear_before(data, start):
+                    continue
+                for check in checks[index]:
+                    if data[start : start + len(check.literal)] != check.literal:  # any buffer, memoryview too
+                        continue
+                    m = check.regex.match(data, start)
+                    if m is None or (m.end() < n and _WORD[data[m.end()]]):
+                        continue
+                    s, e = m.span(check.group)
+                    found.append((check.rank, s, e, check.kind))
+        assign = self._assign.match
+        for automaton in self._keyword_groups:
+            # The hot loop: keywords are common words; most are not followed by an operator.
+            for _, start, end in automaton.find_matches_as_indexes(data):
+                m = assign(data, end)
+                if m is not None:
+                    self._assigned(data, start, m, found)
+        if not found:
+            return []
+        if self._followers:
+            self._follow(data, found)
+        return self._resolve(data, found)
+
+    def _assigned(self, data, start: int, m: re.Match, found: list) -> None:
+        group = "quoted" if m.start("quoted") >= 0 else "bare"
+        s, e = m.span(group)
+        value = bytes(data[s:e])
+        for named in self._named:
+            if named.regex.fullmatch(value) and named.names.search(_name_at(data, start, m.end("rest"))):
+                found.append((named.rank, s, e, named.kind))
+                return
+        if looks_random(value, self._min_length, self._min_entropy):
+            found.append((self._assignment_rank, s, e, self.assignment_kind))
+
+    def _follow(self, data, found: list) -> None:
+        n = len(data)
+        work = list(found)
+        while work:
+            _, _, end, kind = work.pop()
+            for follower in self._followers.get(kind, ()):
+                stop = min(n, end + follower.within)
+                for m in follower.regex.finditer(data, end, min(n, stop + 4096)):
+                    s, e = m.span(follower.group)
+                    if m.start() >= stop:
+                        break
+                    # A follower has no prefix: it must stand alone, not be a piece of a
+                    # longer base64 run (a session token after a key id).
+                    a, b = m.start(), m.end()
+                    if not (a and _TOKENISH[data[a - 1]]) and not (b < n and _TOKENISH[data[b]]):
+                        hit = (follower.rank, s, e, follower.kind)
+                        found.append(hit)
+                        work.append(hit)
+                        break
+
+    def _resolve(self, data, found: list) -> list[Detection]:
+        # The longer value wins an overlap (it holds the other), then the entry
+        # earlier in the table; an assignment never hides a shape.
+        last = self._assignment_rank
+        found.sort(key=lambda t: (t[0] == last, -(t[2] - t[1]), t[0], t[1]))
+        starts: list[int] = []
+        ends: list[int] = []
+        kept: list[tuple[int, int, str]] = []
+        for _, s, e, kind in found:
+            if e <= s:
+                continue
+            i = bisect_left(starts, s)
+            if (i and ends[i - 1] > s) or (i < len(starts) and starts[i] < e):
+                continue
+            starts.insert(i, s)
+            ends.insert(i, e)
+            kept.append((s, e, kind))
+        kept.sort()
+        return [Detection(s, e, kind, bytes(data[s:e])) for s, e, kind in kept]
+
+    def named_kind(self, name: bytes, value: bytes) -> str | None:
+        """The KIND of VALUE assigned to NAME by an entry with `context.names`, if one fits."""
+        for named in self._named:
+            if named.regex.fullmatch(value) and named.names.search(name):
+                return named.kind
+        return None
+
+    def proposal(self, kind: str) -> DetectorEntry | None:
+        """The entry of KIND when it proposes a binding (hosts and inject), else None."""
+        entry = self.entries.get(kind)
+        return entry if entry is not None and entry.hosts else None
+
+
+def _clear_before(data, start: int) -> bool:
+    """No letter or digit right before START, unless it ends a `\\n`-style or `%XX` escape."""
+    if start == 0:
+        return True
+    b = data[start - 1]
+    if not _WORD[b]:
+        return True
+    if b in _ESCAPE_LETTERS and start >= 2 and data[start - 2] == _BACKSLASH:
+        return True
+    return start >= 3 and data[start - 3] == _PERCENT and _HEX[data[start - 2]] and _HEX[b]
+
+
+def _name_at(data, start: int, end: int) -> bytes:
+    """The name around a keyword at START whose rest ends at END: back to the first non-name byte."""
+    first = start
+    while first > 0 and start - first < 64 and _NAME_BYTES[data[first - 1]]:
+        first -= 1
+    return bytes(data[first:end])
+
+
+def _anchors(literals) -> list[bytes]:
+    """The literals the automaton looks for: fewer and shorter than the literals themselves.
+
+    Literals sharing their first three bytes are looked for by their common prefix
+    (`xoxa-`, `xoxb-` ... by `xox`), and a literal that starts with another one
+    through that one (`sk-ant-api` through `sk-`): each check verifies its whole
+    literal. Fewer literals keep the prefilter fast.
+    """
+    by_head: dict[bytes, list[bytes]] = {}
+    for literal in literals:
+        by_head.setdefault(literal[:3], []).append(literal)
+    shared = [_common_prefix(group) for group in by_head.values()]
+    out: list[bytes] = []
+    for literal in sorted(shared, key=lambda b: (len(b), b)):
+        if not any(literal.startswith(a) for a in out):
+            out.append(literal)
+    return out
+
+
+def _grouped(anchors: list[bytes]) -> list[list[bytes]]:
+    short = [a for a in anchors if len(a) < 3]
+    rest = [a for a in anchors if len(a) >= 3]
+    groups = [rest[i : i + _GROUP] for i in range(0, len(rest), _GROUP)]
+    return groups + ([short] if short else [])
+
+
+def _common_prefix(group: list[bytes]) -> bytes:
+    first, last = min(group), max(group)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[:n]
+
+
+def _min_width(regex: re.Pattern[bytes]) -> int:
+    import re._parser as sre_parse  # the stdlib's own parser: the shortest match of a shape
+
+    return int(sre_parse.parse(regex.pattern.decode("ascii"), regex.flags).getwidth()[0])
