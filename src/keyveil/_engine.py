@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote_to_bytes
 
 from ._errors import KeyveilError
 from ._matcher import Matcher
@@ -138,13 +139,17 @@ class Sealer:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
-        if text:
-            if b"%" in data and self._percent_trigger.search(data):
-                edits += self._lift(PercentView(data, plus=False), depth)
-            if self._plus and b"+" in data:
-                edits += self._lift(PercentView(data, plus=True), depth)
-        if not json and self._min_run and len(data) >= self._min_run:
+        percent = text and b"%" in data and self._percent_trigger.search(data) is not None
+        if percent:
+            edits += self._in_percent(data, depth, plus=False)
+        if text and self._plus and b"+" in data:
+            edits += self._in_percent(data, depth, plus=True)
+        if self._min_run and len(data) >= self._min_run:
+            # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
+            # view that decodes the escape: it is looked at there, not here.
             for run in base64_runs(data, self._min_run):
+                if (json or percent) and _touches_escape(data, run):
+                    continue
                 edits += self._in_run(data, run, depth)
         return edits
 
@@ -160,15 +165,24 @@ class Sealer:
             raise SealError("keyveil's two JSON decoders disagree on a buffer; it is blocked")
         return self._lift_edits(view, sub, depth)
 
-    def _lift(self, view, depth: int) -> list[Edit]:
-        sub = self._find(view.data, depth + 1)
-        return self._lift_edits(view, sub, depth) if sub else []
+    def _in_percent(self, data: bytes, depth: int, plus: bool) -> list[Edit]:
+        # As for JSON: the standard library decodes first, the map is built on a find.
+        decoded = unquote_to_bytes(data.replace(b"+", b" ") if plus else data)
+        sub = self._find(decoded, depth + 1)
+        if not sub:
+            return []
+        view = PercentView(data, plus=plus)
+        if view.data != decoded:
+            raise SealError("keyveil's two percent decoders disagree on a buffer; it is blocked")
+        return self._lift_edits(view, sub, depth)
 
     @staticmethod
     def _lift_edits(view, sub: list[Edit], depth: int) -> list[Edit]:
         out = []
         for e in sub:
             start, end = view.span(e.start, e.end)
+            if e.base64 and end - start == e.end - e.start and not view.escaped(start, end):
+                continue  # a run with no escape in it: the layer below seals it (one answer, however chunked)
             out.append(Edit(start, end, view.encode(e.replacement, start, end), e.names, e.depth, e.base64))
         return out
 
@@ -282,7 +296,7 @@ class StreamSealer:
 
     def __init__(self, sealer: Sealer) -> None:
         self._sealer = sealer
-        self._pending = b""
+        self._pending = bytearray()
         self._run: _RunTranscoder | None = None
         self.counts: Counter[str] = Counter()
 
@@ -298,7 +312,17 @@ class StreamSealer:
             out.append(self._run.close())
             self._run = None
         sealer = self._sealer
-        data = self._pending + chunk if self._pending else chunk
+        if (
+            not final
+            and self._pending
+            and len(self._pending) + len(chunk) < STREAM_RUN_BOUND
+            and not chunk.translate(None, sealer._inside)
+        ):
+            # Nothing in CHUNK can end what is held (a long base64 run still
+            # being written): keep it without looking at the held part again.
+            self._pending += chunk
+            return b""
+        data = bytes(self._pending) + chunk if self._pending else chunk
         if final:
             cut = len(data)
         else:
@@ -307,12 +331,12 @@ class StreamSealer:
             if held >= STREAM_RUN_BOUND:
                 cut = self._start_run(data, cut, out)
                 if self._run is not None:
-                    self._pending = b""
+                    self._pending = bytearray()
                     return b"".join(out)
         result = sealer.seal(data[:cut])
         self.counts.update(result.counts)
         out.append(result.data)
-        self._pending = data[cut:]
+        self._pending = bytearray(data[cut:])
         return b"".join(out)
 
     def _start_run(self, data: bytes, cut: int, out: list[bytes]) -> int:
@@ -461,6 +485,10 @@ class _RunTranscoder:
 # -- helpers ------------------------------------------------------------------------------
 
 
+def _touches_escape(data: bytes, run: Run) -> bool:
+    return data[run.start - 1 : run.start] in (b"\\", b"%") or data[run.end + run.padding : run.end + run.padding + 1] in (b"\\", b"%")
+
+
 def _is_text(data: bytes) -> bool:
     if data.isascii():
         return True
@@ -519,9 +547,11 @@ def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]
     # further escape (a JSON string inside a JSON string); `\n` right before a
     # long base64 line is base64 wrapped inside a JSON string; `\/` is in the
     # base64 alphabet.
-    backslash = r"\\" if ord("\\") in values_bytes else r"\\(?=u[0-9a-fA-F]{4}|/|\\|[rn][A-Za-z0-9+/_-]{40})"
+    b64 = "[A-Za-z0-9+/_-]"
+    backslash = r"\\" if ord("\\") in values_bytes else rf"\\(?=u[0-9a-fA-F]{{4}}|/|\\|[rn]{b64}{{16}})"
+    wrapped = rf"[rn]{b64}{{16}}|(?<={b64}{{16}}\\)[rn]"
     json_trigger = re.compile(
-        rf"\\(?:u{unicode_part}|/|{backslash}|[rn][A-Za-z0-9+/_-]{{40}}{'|[' + shorts + ']' if shorts else ''})".encode()
+        rf"\\(?:u{unicode_part}|/|{backslash}|{wrapped}{'|[' + shorts + ']' if shorts else ''})".encode()
     )
     percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
     return json_trigger, percent_trigger
@@ -541,10 +571,24 @@ def _hex_alternatives(prefix: str, codes: set[int]) -> str:
 
 
 def _resolve(edits: list[Edit]) -> list[Edit]:
-    """Sorted, non-overlapping edits: of two on the same span, the shallower; else the first."""
+    """Sorted, non-overlapping edits. A value found in text wins over a base64
+    run that overlaps it (a raw value glued to a run is sealed as text first;
+    the run is looked at again in the next round); else, of two on the same
+    span, the shallower; else the first, the longest."""
     if len(edits) < 2:
         return edits
     edits.sort(key=lambda e: (e.start, -e.end, e.depth))
+    runs = [e for e in edits if e.base64]
+    if runs and len(runs) < len(edits):
+        # Text first (raw, JSON- or percent-escaped); a base64 run it overlaps waits for the next round.
+        taken = _non_overlapping([e for e in edits if not e.base64])
+        spans = [(e.start, e.end) for e in taken]
+        rest = [e for e in runs if not any(s < e.end and e.start < t for s, t in spans)]
+        return sorted(taken + _non_overlapping(rest), key=lambda e: e.start)
+    return _non_overlapping(edits)
+
+
+def _non_overlapping(edits: list[Edit]) -> list[Edit]:
     out: list[Edit] = []
     end = -1
     for e in edits:

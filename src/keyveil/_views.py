@@ -184,6 +184,10 @@ class JsonView:
             raw_end = self._raw_start(last + 1)
         return raw_start, raw_end
 
+    def escaped(self, raw_start: int, raw_end: int) -> bool:
+        """Whether the raw span holds an escape of this layer."""
+        return b"\\" in self._raw[raw_start:raw_end]
+
     def encode(self, replacement: bytes, raw_start: int, raw_end: int) -> bytes:
         """REPLACEMENT as a JSON string writes it, keeping the `\\/` habit of the span."""
         out = replacement.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
@@ -261,12 +265,20 @@ class PercentView:
     _unit = JsonView._unit
     _raw_start = JsonView._raw_start
 
+    def escaped(self, raw_start: int, raw_end: int) -> bool:
+        span = self._raw[raw_start:raw_end]
+        return _PERCENT.search(span) is not None or (self.plus and b"+" in span)
+
     def encode(self, replacement: bytes, raw_start: int, raw_end: int) -> bytes:
-        """REPLACEMENT percent-encoded: every byte but the unreserved ones, in the span's hex case."""
+        """REPLACEMENT percent-encoded in the span's own habit: a byte the span wrote
+        plainly stays plain (`=` in Basic credentials), every other byte but
+        the unreserved ones is escaped, in the span's hex case."""
         span = self._raw[raw_start:raw_end]
         lower = bool(re.search(rb"%[0-9]?[a-f]", span)) if b"%" in span else self._lower
         fmt = b"%%%02x" if lower else b"%%%02X"
-        return b"".join(bytes([c]) if c in _UNRESERVED else fmt % c for c in replacement)
+        plain = set(_PERCENT.sub(b"", span)) - {0x25} - ({0x2B} if self.plus else set())
+        keep = _UNRESERVED | plain
+        return b"".join(bytes([c]) if c in keep else fmt % c for c in replacement)
 
 
 def _plus_to_space(raw: bytes, data: bytes, raw_starts: list[int]) -> bytes:
@@ -299,7 +311,6 @@ for _c in b"\r\n":
     _CLASS[_c] = 2
 B64_CLASSES = bytes(_CLASS)
 _LINE = re.compile(rb"\r?\n")
-_BLANK = re.compile(rb"\r?\n\r?\n")
 _BREAKS = b"\r\n"
 
 
@@ -313,11 +324,14 @@ class Run:
 
 
 def base64_runs(data: bytes, min_chars: int, seed: int = 48) -> Iterator[Run]:
-    """Every run of at least MIN_CHARS base64 characters, joined across single line breaks.
+    """Every run of at least MIN_CHARS base64 characters; wrapped blocks joined across their line breaks.
 
-    A run is found by SEED consecutive alphabet bytes (wrapped lines are at
-    least that long: MIME 76, PEM 64, GitHub 60), then grown both ways over
-    alphabet bytes and line breaks. A blank line ends a run.
+    A run is found by SEED consecutive alphabet bytes (or MIN_CHARS, if
+    fewer), then grown both ways over alphabet bytes and line breaks. Lines
+    are joined into one run only as a wrapper writes them: every line but
+    the last of the same width (at least ``_MIN_WIDTH``), the last no longer.
+    A word on the line before a block, or a token on the line after it, is
+    a run of its own.
     """
     needle = b"\x01" * max(1, min(min_chars, seed))
     classes = data.translate(B64_CLASSES)
@@ -328,7 +342,7 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48) -> Iterator[Run]:
         if end == -1:
             end = len(data)
         pos = end
-        for run_start, run_end in _split_blank(data, start, end):
+        for run_start, run_end in _wrapped_blocks(data, start, end):
             chars = run_end - run_start - _count_breaks(data, run_start, run_end)
             if chars >= min_chars:
                 padding = 0
@@ -337,30 +351,44 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48) -> Iterator[Run]:
                 yield Run(run_start, run_end, padding)
 
 
+_MIN_WIDTH = 16  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
+
+
 def _count_breaks(data: bytes, start: int, end: int) -> int:
     return data.count(b"\n", start, end) + data.count(b"\r", start, end)
 
 
-def _split_blank(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """The parts of START..END between blank lines, without leading or trailing breaks."""
-    if data.find(b"\n\n", start, end) == -1 and data.find(b"\n\r\n", start, end) == -1:
-        yield from _trim(data, start, end)
-        return
-    segment = data[start:end]
-    pos = 0
-    for m in _BLANK.finditer(segment):
-        yield from _trim(data, start + pos, start + m.start())
-        pos = m.end()
-    yield from _trim(data, start + pos, end)
-
-
-def _trim(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
-    while start < end and data[start] in _BREAKS:
-        start += 1
-    while end > start and data[end - 1] in _BREAKS:
-        end -= 1
-    if end > start:
+def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """START..END (alphabet bytes and line breaks) cut into runs: one line each, or a wrapped block."""
+    if data.find(b"\n", start, end) == -1 and data.find(b"\r", start, end) == -1:
         yield start, end
+        return
+    lines = [(m.start(), m.end()) for m in _LINE_CONTENT.finditer(data, start, end)]
+    i = 0
+    while i < len(lines):
+        first_start, first_end = lines[i]
+        width = first_end - first_start
+        j = i
+        if width >= _MIN_WIDTH:
+            while j + 1 < len(lines) and lines[j + 1][1] - lines[j + 1][0] == width and _single_break(data, lines[j][1], lines[j + 1][0]):
+                j += 1
+            # A shorter line after the block may be its last line, or a token
+            # of its own after it: both readings are looked at.
+            if (
+                j + 1 < len(lines)
+                and 0 < lines[j + 1][1] - lines[j + 1][0] < width
+                and _single_break(data, lines[j][1], lines[j + 1][0])
+            ):
+                yield first_start, lines[j + 1][1]
+        yield first_start, lines[j][1]
+        i = j + 1
+
+
+_LINE_CONTENT = re.compile(rb"[^\r\n]+")
+
+
+def _single_break(data: bytes, end: int, start: int) -> bool:
+    return data[end:start] in (b"\n", b"\r\n")
 
 
 class Base64View:

@@ -289,7 +289,7 @@ class RequestPhase:
         body, name = raw, None
         if ce not in ("", "identity"):
             try:
-                body, name = _codecs.decode(raw, ce), ce
+                body, name = _codecs.decode(raw, ce), ("gzip" if ce == "x-gzip" else ce)  # same bytes, mitmproxy's name
             except ValueError:
                 if engine.policy.undecodable_body == "block":
                     raise Blocked(undecodable(ce, host)) from None

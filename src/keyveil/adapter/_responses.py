@@ -82,7 +82,7 @@ class ResponsePhase:
             ce = resp.headers.get("content-encoding", "").strip().lower()
             if ce not in ("", "identity"):
                 body = _codecs.decode(raw, ce)  # ValueError → guarded → blocked
-                enc = ce
+                enc = "gzip" if ce == "x-gzip" else ce
             result = engine.sealer.scrub(body)
             if result.changed:
                 from mitmproxy.net import encoding
