@@ -1,17 +1,30 @@
-"""The naive sealer the engine is compared against: one ``bytes.replace`` per form of every value.
+"""The naive sealer the engine is compared against: one ``bytes.replace`` per listed form of every value.
 
-It uses the same forms as keyveil (``keyveil._forms.forms_of``), so the
-comparison is about the search, not about which forms are looked for. It does
-not decode base64 runs: a base64 form is replaced by the base64 of the
-reference, which is good enough to time it. Only for benchmarks.
+It is the design keyveil gave up: a list of what common encoders write
+(raw; JSON with every character escaped and with `ensure_ascii`;
+percent-encoded; the value-only middle of its base64 at each byte offset,
+both alphabets), each searched with ``bytes.replace``. It does not decode
+anything. Only for benchmarks.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping, Sequence
+from urllib.parse import quote
 
-from keyveil._forms import Kind, b64encode, forms_of, percent_reference
 from keyveil._references import format_reference
+
+
+def listed_forms(value: bytes) -> list[bytes]:
+    text = value.decode("utf-8", "replace")
+    forms = {value, json.dumps(text)[1:-1].encode(), "".join(f"\\u{ord(c):04x}" for c in text).encode(), quote(value, safe="").encode()}
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + value)
+        stable = encoded[4 if offset else 0 : (offset + len(value)) // 3 * 4]
+        forms.update((stable, stable.translate(bytes.maketrans(b"+/", b"-_"))))
+    return sorted(f for f in forms if len(f) >= 8)
 
 
 class NaiveSealer:
@@ -20,14 +33,7 @@ class NaiveSealer:
         for name in sorted(values):
             ref = format_reference(name).encode("ascii")
             for value in values[name]:
-                for form in forms_of(value):
-                    if form.kind is Kind.PERCENT:
-                        replacement = percent_reference(ref, form.upper_hex)
-                    elif form.kind is Kind.B64:
-                        replacement = b64encode(ref, form.urlsafe)
-                    else:
-                        replacement = ref
-                    self.pairs.append((form.pattern, replacement))
+                self.pairs += [(form, ref) for form in listed_forms(value)]
 
     def seal(self, data: bytes) -> bytes:
         for pattern, replacement in self.pairs:
