@@ -796,7 +796,7 @@ class Report:
         if failed:
             self.failed_forms[case.form + (" (decoy)" if case.decoy != "none" else "")] += 1
 
-    def render(self) -> str:
+    def render(self, kinds: bool = True) -> str:
         lines = [f"leak corpus: seed {self.seed} ({SEED_ENV}={self.seed}), {self.cases} cases, {len(self.failures)} failures"]
         for dim, counter in self.counts.items():
             parts = ", ".join(f"{k}={v}" for k, v in sorted(counter.items()))
@@ -811,7 +811,7 @@ class Report:
                 f"{k}={v}/{self.layers[k]}" for k, v in self.failed_layers.most_common()))
         if self.seconds:
             lines.append("  wall time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items()))
-        if self.kinds:
+        if kinds and self.kinds:
             lines.append("  failures by kind:")
             lines += [f"    {n:5d}  {kind}" for kind, n in self.kinds.most_common()]
         return "\n".join(lines)

@@ -125,10 +125,6 @@ TEMPLATE_TEXT = "\0".join(
     + [s for pairs in PCT_SLOTS.values() for pair in pairs for s in pair]
 )
 
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
-_B64_STD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-_B64_URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-
 
 # --- the value objects ------------------------------------------------------------------------------
 
@@ -445,6 +441,21 @@ def make_form(
 
 def with_carrier(form: Form, pre: bytes, post: bytes) -> Form:
     return replace(form, carrier=(pre, post))
+
+
+def rewrite(form: Form, inner: bytes) -> bytes:
+    """FORM's data with its value replaced by INNER, re-encoded layer by layer with each layer's
+    fixed options and no random escapes: one thing a correct sealer may write (others are valid too)."""
+    x = inner
+    for layer in form.layers:
+        payload = layer.pre + x + layer.post
+        if layer.kind == "json":
+            x = json.dumps(payload.decode("utf-8"), ensure_ascii=layer.ensure_ascii)[1:-1].encode("utf-8")
+        elif layer.kind == "pct":
+            x = (quote_plus if layer.plus else quote)(payload, safe=layer.safe).encode("ascii")
+        else:
+            x = base64_encode(payload, layer.urlsafe, layer.padded, layer.width, layer.eol, layer.final_eol, False)
+    return x
 
 
 # --- values -----------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from urllib.parse import unquote_to_bytes
 
-from tests.stdlib_forms import PCT_SAFE, Form, Layer
+from tests.stdlib_forms import Form, Layer
 
 _JSON_ESCAPES = re.compile(rb'(?:\\u[0-9a-fA-F]{4})+|\\["\\/bfnrt]')
 _JSON_LITERAL = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
@@ -215,6 +215,15 @@ class Oracle:
 # --- the round trip of a sealed form --------------------------------------------------------------
 
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+#: What may stand unescaped in each slot, from RFC 3986 (beyond unreserved characters): a
+#: query or form value is pchar / "/" / "?" without '&' (it ends the value), '+' (a space)
+#: and '#'; a path is pchars and '/'; a URL's userinfo is sub-delims and ':' without '@' or '/'.
+_RAW_OK = {
+    "query": b"!$'()*,;=:@/?",
+    "form": b"!$'()*,;=:@/?",
+    "path": b"!$&'()*+,;=:@/",
+    "userinfo": b"!$&'()*+,;=:",
+}
 _STD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 _URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _PCT_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
@@ -234,7 +243,7 @@ def decode_layer(layer: Layer, data: bytes) -> bytes:
         except (UnicodeError, ValueError) as e:
             raise NotInFormat(f"no longer the content of a JSON string ({type(e).__name__})") from None
     if layer.kind == "pct":
-        allowed = _UNRESERVED | frozenset(PCT_SAFE[layer.slot].encode()) | {ord("%")} | ({ord("+")} if layer.plus else set())
+        allowed = _UNRESERVED | frozenset(_RAW_OK[layer.slot]) | {ord("%")} | ({ord("+")} if layer.plus else set())
         stray = sorted({chr(b) for b in data if b not in allowed and b < 0x80})
         if any(b >= 0x80 for b in data):
             raise NotInFormat("non-ASCII bytes in percent-encoded text")
