@@ -427,6 +427,8 @@ def generate(seed: int, n: int, values: dict[str, bytes]) -> list[Case]:
             location, bound = "header", True
         if decoy == "ref" and location == "header":
             header = "x-note"  # a reference in an auth header is another matter (REFS)
+        # however it was drawn: a value in a header it is bound to comes as a client sends it there
+        bound = bound or (location == "header" and (host, name, header) in BINDINGS)
         if location == "header" and ref != "none" and REF_HEADERS[ref][0] == header:
             ref = "none"  # one header, one purpose
         if ref_only and ref == "none":
@@ -460,6 +462,8 @@ def generate(seed: int, n: int, values: dict[str, bytes]) -> list[Case]:
             made = _fitting_form(value, form_label, rng, location, header, transport, kind)
             if made and decoy != "none" and oracle.find(made[1] + made[0].data):
                 made = None  # the near miss and its slot spelled a value after all: not a decoy
+            if made and decoy == "ref" and location == "query" and b"&" in made[0].data:
+                made = None  # its own parameters (client_secret=...) would put the reference in an auth position
         generated, prefix = made if made else (None, b"")
         sent = prefix + generated.data if generated else b""
         enc = decks["encoding"].draw() if location == "body" and transport != "ws" else "identity"
@@ -668,6 +672,10 @@ def judge(case: Case, res: Result, recs: list, ws_msgs: list, oracle: Oracle) ->
     if status >= 400:
         if recs:
             say(f"blocked, yet {len(recs)} request(s) reached the upstream")
+            for rec in recs:  # say what they delivered
+                exposed.append(("the upstream received {} in the request target", rec.path.encode("latin-1")))
+                exposed += [("the upstream received {} in a header", k + b": " + v) for k, v in rec.headers]
+                exposed += [("the upstream received {} in the body", b) for b in decodings(rec.body, rec.header("content-encoding"))]
         return bad + _leaks(oracle, exposed)
     if len(recs) != 1:
         say(f"{len(recs)} request(s) reached the upstream, expected 1")
@@ -702,6 +710,7 @@ def judge(case: Case, res: Result, recs: list, ws_msgs: list, oracle: Oracle) ->
         if case.ws_message_blocked:
             if ws_msgs:
                 say("a blocked WebSocket message reached the upstream")
+                exposed += [("the upstream received {} in a WebSocket message", _ws_bytes(m)) for m in ws_msgs]
             if res.ws_silent:
                 say("the WebSocket message was dropped, but the connection stayed open and silent (no close, no error)")
             elif not res.ws_closed:
