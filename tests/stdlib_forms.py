@@ -23,7 +23,7 @@ What it produces, for a value V (SPEC §3):
   in random hex case; ``+`` or ``%20`` for a space in queries and forms;
 - ``b64``: standard or URL-safe alphabet, padded or not, on one line, as
   ``base64.encodebytes`` writes it (MIME, 76 columns), PEM-style 64 columns,
-  60 columns or a random width, ``\\n`` or ``\\r\\n``, with or without a final
+  60 columns or a random width of 12-99, ``\\n`` or ``\\r\\n``, with or without a final
   line break; the payload holds V at a random offset (0–5 random bytes, then
   text such as ``user:`` before it), inside Basic credentials, a PEM block, a
   ``data:`` URL;
@@ -35,6 +35,8 @@ What it produces, for a value V (SPEC §3):
 
 What it does NOT produce (so a green run says nothing about these):
 
+- base64 wrapped narrower than 12 columns (SPEC §3 asks for wrapping as MIME
+  and PEM write it; keyveil joins lines of 12 characters or more);
 - SPEC §3's "not recognised" list: V split into pieces, hashed, encrypted,
   hex-encoded, or compressed inside another encoding (gzip inside base64);
 - more than two layers (the oracle decodes three, so a two-layer form in a
@@ -416,7 +418,8 @@ def make_form(
                 elif choice == "w60":
                     width = 60
                 elif choice == "random":
-                    width = rng.randrange(4, 100)
+                    # SPEC §3: wrapped "as MIME and PEM write it"; keyveil joins lines of 12 or more.
+                    width = rng.randrange(12, 100)
                 style = dict(urlsafe=urlsafe, padded=padded, width=width, eol=eol, final_eol=final_eol)
             if outermost and outer_slot in ("query", "path"):
                 style["urlsafe"] = True

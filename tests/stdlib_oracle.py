@@ -227,6 +227,7 @@ _RAW_OK = {
 _STD = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 _URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _PCT_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_RAW_REFERENCE = re.compile(rb"\{\{secret:[A-Za-z0-9._/-]+\}\}")
 
 
 class NotInFormat(ValueError):
@@ -244,7 +245,10 @@ def decode_layer(layer: Layer, data: bytes) -> bytes:
             raise NotInFormat(f"no longer the content of a JSON string ({type(e).__name__})") from None
     if layer.kind == "pct":
         allowed = _UNRESERVED | frozenset(_RAW_OK[layer.slot]) | {ord("%")} | ({ord("+")} if layer.plus else set())
-        stray = sorted({chr(b) for b in data if b not in allowed and b < 0x80})
+        # SPEC §2: a reference in a URL is recognised raw or percent-encoded. Where V
+        # needed no escape, how many percent layers surround it cannot be told from
+        # the bytes, so a reference written one layer less encoded is accepted.
+        stray = sorted({chr(b) for b in _RAW_REFERENCE.sub(b"", data) if b not in allowed and b < 0x80})
         if any(b >= 0x80 for b in data):
             raise NotInFormat("non-ASCII bytes in percent-encoded text")
         if stray:
@@ -320,6 +324,8 @@ def check_round_trip(form: Form, span: bytes, reference: bytes, *, url: bool = F
         x = y[len(layer.pre) : len(y) - len(layer.post)]
     if x == reference or (url and not form.layers and unquote_to_bytes(x) == reference):
         return []
+    if any(layer.kind == "pct" for layer in form.layers) and unquote_to_bytes(x) == reference:
+        return []  # one percent layer more than needed around the reference: still the reference (SPEC §2)
     return [f"the innermost data is not the reference {reference.decode()} ({len(x)} bytes instead)"]
 
 

@@ -85,6 +85,10 @@ def scenarios(draw, max_forms: int = 3) -> Scenario:
         form = draw(sf.forms_strategy(value, name=name))
         # a form of one value must expose that value only (no value hides in another's slot)
         assume(set(oracle.find(form.in_carrier())) == {name})
+        # In a buffer of several kinds, a `+` cannot be told to be a space or a base64
+        # character: a query or form is sealed as one (the pipeline says `plus=True`),
+        # which test_every_chain_seals_and_round_trips covers.
+        assume(not (form.layers and form.layers[-1].plus))
         forms.append(form)
     noise = draw(st.lists(sf.noise_strategy, min_size=len(forms) + 1, max_size=len(forms) + 1))
     return Scenario(secrets, forms, noise)
@@ -251,7 +255,10 @@ def test_every_chain_seals_and_round_trips(chain):
         value = sf.random_value(rng, ("token", "rich", "unicode")[i % 3])
         form = sf.make_form(value, chain, rng, name="github/pat")
         data = form.in_carrier()
-        result = Sealer({"github/pat": [value]}).seal(data)
+        # A percent-encoded carrier is a URL or form: the pipeline says so (url=True).
+        outer = form.layers[-1] if form.layers else None
+        url = outer is not None and outer.kind == "pct"
+        result = Sealer({"github/pat": [value]}).seal(data, url=url, plus=url and outer.plus)
         if leaks := Oracle({"github/pat": [value]}).explain(result.data):
             failures[f"leak via {leaks['github/pat']}: {form.describe()}"] += 1
             continue

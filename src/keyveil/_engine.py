@@ -120,17 +120,19 @@ class Sealer:
 
     # -- finding ------------------------------------------------------------------
 
-    def _find(self, data: bytes, depth: int, text: bool = True) -> list[Edit]:
-        """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already."""
+    def _find(self, data: bytes, depth: int, text: bool = True, plus: bool = False) -> list[Edit]:
+        """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already.
+
+        PLUS: DATA is a query string or a form body, where `+` is a space."""
         edits = [
             Edit(start, end, self._references[index], (self._names[index],), depth)
             for index, start, end in self._raw.find(data)
         ]
         if depth < MAX_LAYERS and self._values:
-            edits += self._in_views(data, depth, text)
+            edits += self._in_views(data, depth, text, plus)
         return _resolve(edits)
 
-    def _in_views(self, data: bytes, depth: int, text: bool = True) -> list[Edit]:
+    def _in_views(self, data: bytes, depth: int, text: bool = True, plus: bool = False) -> list[Edit]:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
@@ -140,17 +142,25 @@ class Sealer:
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
         percent = text and b"%" in data and self._percent_trigger.search(data) is not None
-        if percent:
-            edits += self._in_percent(data, depth, plus=False)
-        if text and self._plus and b"+" in data:
+        if plus and (percent or b"+" in data):
+            percent = True
             edits += self._in_percent(data, depth, plus=True)
+        else:
+            if percent:
+                edits += self._in_percent(data, depth, plus=False)
+            if text and self._plus and b"+" in data:
+                edits += self._in_percent(data, depth, plus=True)
         if self._min_run and len(data) >= self._min_run:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
             # view that decodes the escape: it is looked at there, not here.
-            for run in base64_runs(data, self._min_run):
+            found: list[Edit] = []
+            for run in base64_runs(data, self._min_run, plus=plus):
                 if (json or percent) and _touches_escape(data, run):
                     continue
-                edits += self._in_run(data, run, depth)
+                if run.alternative and any(e.start < run.end and run.start < e.end for e in found):
+                    continue  # the first reading of these lines found a value: it stands
+                found += self._in_run(data, run, depth)
+            edits += found
         return edits
 
     def _in_json(self, data: bytes, depth: int) -> list[Edit]:
@@ -181,9 +191,9 @@ class Sealer:
         out = []
         for e in sub:
             start, end = view.span(e.start, e.end)
-            if e.base64 and end - start == e.end - e.start and not view.escaped(start, end):
-                continue  # a run with no escape in it: the layer below seals it (one answer, however chunked)
-            out.append(Edit(start, end, view.encode(e.replacement, start, end), e.names, e.depth, e.base64))
+            if e.base64 and end - start == e.end - e.start and not view.escaped(start, end) and not _touches(view.raw, start, end):
+                continue  # a run no escape cuts or touches: the layer below seals it (one answer, however chunked)
+            out.append(Edit(start, end, view.encode(e.replacement, start, end), e.names, e.depth, e.base64, view.kind))
         return out
 
     def _in_run(self, data: bytes, run: Run, depth: int) -> list[Edit]:
@@ -193,9 +203,9 @@ class Sealer:
                 continue
             sub = self._find(view.data, depth + 1, _is_text(view.data))
             if sub:
-                edit = view.reencode(_apply(view.data, sub))
+                edit = view.reencode(_apply(view.data, sub), min(e.start for e in sub))
                 names = tuple(n for e in sub for n in e.names)
-                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True)]
+                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")]
         return []
 
     def find_names(self, data: bytes) -> Counter[str]:
@@ -205,8 +215,13 @@ class Sealer:
 
     # -- sealing --------------------------------------------------------------------
 
-    def seal(self, data: bytes, protect: Protect | None = None) -> SealResult:
+    def seal(self, data: bytes, protect: Protect | None = None, url: bool = False, plus: bool = False) -> SealResult:
         """Seal a whole buffer. DATA comes back as the same object when nothing is found.
+
+        With URL (a path, a query string, a form body), a value written
+        plainly is replaced by the percent-encoded reference: `{` and `}` may
+        not stand unescaped there. With PLUS (a query string, a form body), a
+        `+` is read as a space, never as a base64 character.
 
         After each round of edits the buffer is looked at again: re-encoding
         a base64 run can leave a second value in it at another offset. A
@@ -216,7 +231,7 @@ class Sealer:
         if not self._values:
             return result
         for _ in range(_MAX_ROUNDS):
-            edits = self._find(result.data, 0)
+            edits = self._find(result.data, 0, plus=plus)
             if protect and edits:
                 spans = protect(result.data)
                 if spans:
@@ -225,9 +240,13 @@ class Sealer:
                     edits = [e for e in edits if not (e.base64 and _inside(spans, e.start, e.end))]
             if not edits:
                 return result
+            if url:
+                edits = [_url_edit(e) if e.layer in ("raw", "json") else e for e in edits]
+            if plus:  # a base64 run written back into a query or form: its `+` is not a space
+                edits = [_plus_edit(e) if e.layer == "base64" else e for e in edits]
             result.data = _apply(result.data, edits)
             result.counts.update(n for e in edits for n in e.names)
-        if self._find(result.data, 0):
+        if self._find(result.data, 0, plus=plus):
             raise SealError("a buffer still held a value after sealing; it is blocked")
         return result
 
@@ -485,20 +504,39 @@ class _RunTranscoder:
 # -- helpers ------------------------------------------------------------------------------
 
 
+def _url_edit(edit: Edit) -> Edit:
+    reference = b"".join(bytes([c]) if c in _URL_PLAIN else b"%%%02X" % c for c in edit.replacement)
+    return Edit(edit.start, edit.end, reference, edit.names, edit.depth, edit.base64, "percent")
+
+
+_URL_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def _plus_edit(edit: Edit) -> Edit:
+    return Edit(edit.start, edit.end, edit.replacement.replace(b"+", b"%2B"), edit.names, edit.depth, edit.base64, edit.layer)
+
+
 def _touches_escape(data: bytes, run: Run) -> bool:
-    return data[run.start - 1 : run.start] in (b"\\", b"%") or data[run.end + run.padding : run.end + run.padding + 1] in (b"\\", b"%")
+    return _touches(data, run.start, run.end + run.padding)
+
+
+def _touches(data: bytes, start: int, end: int) -> bool:
+    """Whether an escape (`\\…`, `%XX`, a `+` for a space) sits right before or after DATA[START:END]."""
+    return data[start - 1 : start] in (b"\\", b"%", b"+") or data[end : end + 1] in (b"\\", b"%", b"+") or (
+        start >= 3 and data[start - 3 : start - 2] == b"%"
+    )
 
 
 def _is_text(data: bytes) -> bool:
-    if data.isascii():
+    """Whether a decoded base64 payload reads as text (escapes may hide a value
+    there) rather than binary (an image): at most a quarter of its bytes are
+    outside printable ASCII and UTF-8, a few random bytes before the text allowed."""
+    if len(data) <= 64 or data.isascii():
         return True
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+    return len(data.translate(None, _TEXT_BYTES)) <= len(data) // 4
 
 
+_TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
 def _offsets(data: bytes, run: Run) -> list[int]:
     """The character offsets a base64 run is decoded from.
 

@@ -203,18 +203,18 @@ class Engine:
         # 2. seal, location by location, remembering where each name was found
         found: list[tuple[str, str]] = []  # (location, name)
 
-        def seal(location: str, data: bytes, protect=None) -> bytes:
-            result = self.sealer.seal(data, protect)
+        def seal(location: str, data: bytes, protect=None, url: bool = False, plus: bool = False) -> bytes:
+            result = self.sealer.seal(data, protect, url=url, plus=plus)
             for name, n in result.counts.items():
                 found.append((location, name))
                 out.sealed[name] += n
             return result.data
 
-        req.path = seal("path", req.path)
+        req.path = seal("path", req.path, url=True)
         if req.query is not None:
-            query = b"&".join(seal(_query_location(p), p) for p in req.query.split(b"&"))
+            query = b"&".join(seal(_query_location(p), p, url=True, plus=True) for p in req.query.split(b"&"))
             # A raw value holding '&' spans two pieces: seal the whole string too.
-            req.query = seal("query", query)
+            req.query = seal("query", query, url=True, plus=True)
         if self.sealer.may_hold_value(part for header in req.headers for part in header):
             headers = []
             for k, v in req.headers:
@@ -224,7 +224,8 @@ class Engine:
             req.headers = headers
         if req.body is not None:
             protect = protected_spans if out.provider else None
-            req.body = seal("body", req.body, protect)
+            form = body_encoder(req.content_type) is for_form
+            req.body = seal("body", req.body, protect, url=form, plus=form)
 
         # 4a. a value found where it is not bound (non-provider hosts only)
         stray = [(loc, name) for loc, name in found if name not in bound.get(loc, ())]

@@ -39,6 +39,7 @@ class Edit:
     names: tuple[str, ...]
     depth: int = 0  # how many layers down the value was found (0: raw)
     base64: bool = False  # a base64 run is re-encoded (vendor-signed fields keep theirs)
+    layer: str = "raw"  # the view it was written back through last: raw, json, percent, base64
 
 
 # -- JSON string escapes ------------------------------------------------------------------
@@ -184,6 +185,10 @@ class JsonView:
             raw_end = self._raw_start(last + 1)
         return raw_start, raw_end
 
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
     def escaped(self, raw_start: int, raw_end: int) -> bool:
         """Whether the raw span holds an escape of this layer."""
         return b"\\" in self._raw[raw_start:raw_end]
@@ -265,6 +270,10 @@ class PercentView:
     _unit = JsonView._unit
     _raw_start = JsonView._raw_start
 
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
     def escaped(self, raw_start: int, raw_end: int) -> bool:
         span = self._raw[raw_start:raw_end]
         return _PERCENT.search(span) is not None or (self.plus and b"+" in span)
@@ -276,7 +285,8 @@ class PercentView:
         span = self._raw[raw_start:raw_end]
         lower = bool(re.search(rb"%[0-9]?[a-f]", span)) if b"%" in span else self._lower
         fmt = b"%%%02x" if lower else b"%%%02X"
-        plain = set(_PERCENT.sub(b"", span)) - {0x25} - ({0x2B} if self.plus else set())
+        # `%`, `+` and space are always escaped: `+` means a space in forms and queries.
+        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20}
         keep = _UNRESERVED | plain
         return b"".join(bytes([c]) if c in keep else fmt % c for c in replacement)
 
@@ -310,6 +320,8 @@ for _c in B64_ALPHABET:
 for _c in b"\r\n":
     _CLASS[_c] = 2
 B64_CLASSES = bytes(_CLASS)
+_CLASS[ord("+")] = 0
+B64_CLASSES_PLUS = bytes(_CLASS)  # where `+` is a space (queries, forms), it ends a run
 _LINE = re.compile(rb"\r?\n")
 _BREAKS = b"\r\n"
 
@@ -321,9 +333,11 @@ class Run:
     start: int
     end: int
     padding: int  # '=' bytes right after END
+    #: another reading of the same lines: looked at only when the first one found nothing there
+    alternative: bool = False
 
 
-def base64_runs(data: bytes, min_chars: int, seed: int = 48) -> Iterator[Run]:
+def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False) -> Iterator[Run]:
     """Every run of at least MIN_CHARS base64 characters; wrapped blocks joined across their line breaks.
 
     A run is found by SEED consecutive alphabet bytes (or MIN_CHARS, if
@@ -334,36 +348,65 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48) -> Iterator[Run]:
     a run of its own.
     """
     needle = b"\x01" * max(1, min(min_chars, seed))
-    classes = data.translate(B64_CLASSES)
+    classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
+    # Narrow wrapping: two lines of at least _MIN_WIDTH characters.
+    wrapped = b"\x01" * _MIN_WIDTH + b"\x02"
     pos = 0
-    while (hit := classes.find(needle, pos)) != -1:
+    while (hit := _next_run(classes, needle, wrapped, pos)) != -1:
         start = classes.rfind(b"\x00", 0, hit) + 1
         end = classes.find(b"\x00", hit)
         if end == -1:
             end = len(data)
         pos = end
-        for run_start, run_end in _wrapped_blocks(data, start, end):
+        for run_start, run_end, alternative in _wrapped_blocks(data, start, end):
             chars = run_end - run_start - _count_breaks(data, run_start, run_end)
             if chars >= min_chars:
-                padding = 0
-                while padding < 2 and data[run_end + padding : run_end + padding + 1] == b"=":
-                    padding += 1
-                yield Run(run_start, run_end, padding)
+                yield Run(run_start, run_end, _padding(data, run_end), alternative)
 
 
-_MIN_WIDTH = 16  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
+def _padding(data: bytes, end: int) -> int:
+    """How many bytes of '=' padding follow a run at END (on the next line too, as some wrappers put it)."""
+    at = end
+    if data[at : at + 2] == b"\r\n" and data[at + 2 : at + 3] == b"=":
+        at += 2
+    elif data[at : at + 1] == b"\n" and data[at + 1 : at + 2] == b"=":
+        at += 1
+    n = 0
+    while n < 2 and data[at + n : at + n + 1] == b"=":
+        n += 1
+    return at - end + n if n else 0
+
+
+_MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
+
+
+def _next_run(classes: bytes, needle: bytes, wrapped: bytes, pos: int) -> int:
+    """Where the next run starts to show: SEED alphabet bytes in a row, or a line of at least _MIN_WIDTH."""
+    one = classes.find(needle, pos)
+    if b"\x02" not in classes:  # no line breaks at all: the common case
+        return one
+    two = classes.find(wrapped, pos, one if one != -1 else len(classes))
+    while two != -1 and classes[two + len(wrapped) : two + len(wrapped) + 1] not in (b"\x01", b"\x02"):
+        two = classes.find(wrapped, two + 1, one if one != -1 else len(classes))
+    return two if two != -1 else one
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
     return data.count(b"\n", start, end) + data.count(b"\r", start, end)
 
 
-def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """START..END (alphabet bytes and line breaks) cut into runs: one line each, or a wrapped block."""
+def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, bool]]:
+    """START..END (alphabet bytes and line breaks) cut into runs: one line each, or a wrapped block.
+
+    A shorter line after a block may be its last line or a token of its own;
+    the reading taken first is yielded first, the other as an alternative.
+    """
     if data.find(b"\n", start, end) == -1 and data.find(b"\r", start, end) == -1:
-        yield start, end
+        yield start, end, False
         return
+    # PEM armour (`-----BEGIN …-----`, `-----END …`) is never part of a block.
     lines = [(m.start(), m.end()) for m in _LINE_CONTENT.finditer(data, start, end)]
+    lines = [(a, b) for a, b in lines if not (data.startswith(b"-----", a) or data.endswith(b"-----", a, b))]
     i = 0
     while i < len(lines):
         first_start, first_end = lines[i]
@@ -372,19 +415,32 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         if width >= _MIN_WIDTH:
             while j + 1 < len(lines) and lines[j + 1][1] - lines[j + 1][0] == width and _single_break(data, lines[j][1], lines[j + 1][0]):
                 j += 1
-            # A shorter line after the block may be its last line, or a token
-            # of its own after it: both readings are looked at.
-            if (
-                j + 1 < len(lines)
-                and 0 < lines[j + 1][1] - lines[j + 1][0] < width
-                and _single_break(data, lines[j][1], lines[j + 1][0])
-            ):
-                yield first_start, lines[j + 1][1]
-        yield first_start, lines[j][1]
+        tail = (
+            j + 1 < len(lines)
+            and width >= _MIN_WIDTH
+            and 0 < lines[j + 1][1] - lines[j + 1][0] < width
+            and _single_break(data, lines[j][1], lines[j + 1][0])
+        )
+        # After two or more full lines the shorter line ends the block; after
+        # one, too, unless it reads as a word (only lower-case letters, no
+        # padding after it), which base64 rarely is and text often is.
+        if tail and (j > i or not _word_like(data, *lines[j + 1])):
+            yield first_start, lines[j + 1][1], False
+            yield first_start, lines[j][1], True
+            i = j + 2
+            continue
+        yield first_start, lines[j][1], False
+        if tail:
+            yield first_start, lines[j + 1][1], True
         i = j + 1
 
 
 _LINE_CONTENT = re.compile(rb"[^\r\n]+")
+_LOWER = re.compile(rb"[a-z]+")
+
+
+def _word_like(data: bytes, start: int, end: int) -> bool:
+    return _LOWER.fullmatch(data, start, end) is not None and data[end : end + 1] != b"="
 
 
 def _single_break(data: bytes, end: int, start: int) -> bool:
@@ -403,7 +459,11 @@ class Base64View:
         self.align = align
         text = raw[run.start : run.end]
         first_break = text.find(b"\n")
-        if first_break == -1:
+        if first_break == -1 and run.padding and raw[run.end : run.end + 1] in (b"\r", b"\n"):
+            # One line, its padding on the next: the line was as wide as the wrapping.
+            self._newline = b"\r\n" if raw[run.end : run.end + 1] == b"\r" else b"\n"
+            self._width = run.end - run.start
+        elif first_break == -1:
             self._width = 0
             self._newline = b"\n"
         else:
@@ -424,14 +484,21 @@ class Base64View:
         except binascii.Error:  # pragma: no cover - every byte is from the alphabet
             self.data = b""
 
-    def reencode(self, decoded: bytes) -> Edit:
-        """The edit that writes DECODED in place of this run from its alignment on."""
+    def reencode(self, decoded: bytes, first_changed: int = 0) -> Edit:
+        """The edit that writes DECODED in place of this run from its alignment on.
+
+        The groups before FIRST_CHANGED (a decoded offset) keep their characters
+        as they were (a path before the payload, in whatever alphabet)."""
+        kept = first_changed // 3
+        body = self._chars[self.align :]
+        head = body[: 4 * kept]
+        decoded = decoded[3 * kept :]
         encoded = binascii.b2a_base64(decoded, newline=False)
         if not self._padded:
             encoded = encoded.rstrip(b"=")
         if self._urlsafe:
             encoded = encoded.translate(_STD_TO_URL)
-        text = self._chars[: self.align] + encoded + self._rest
+        text = self._chars[: self.align] + head + encoded + self._rest
         if self._width:
             width = self._width
             text = self._newline.join(text[i : i + width] for i in range(0, len(text), width))

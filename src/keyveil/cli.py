@@ -551,10 +551,20 @@ class _PathOption(argparse.Action):
         setattr(namespace, self.dest, [*getattr(namespace, self.dest), (option_string.lstrip("-"), values)])
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, without echoing what it could not parse: a mistyped
+    `keyveil secret set NAME VALUE` must not print the value back."""
+
+    def error(self, message: str):
+        if "unrecognized arguments" in message or "invalid choice" in message:
+            message = message.split(":", 1)[0] + " (not shown: an argument may hold a value)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="keyveil", description="Let AI agents use API keys without reading them.")
+    parser = _Parser(prog="keyveil", description="Let AI agents use API keys without reading them.")
     parser.add_argument("--version", action="version", version=f"keyveil {_version()}")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(parser_class=_Parser, dest="cmd", required=True, metavar="COMMAND")
 
     sub.add_parser("init", help="create the home, rules file and CA").set_defaults(func=cmd_init)
 
