@@ -90,6 +90,11 @@ class Outputs:
         flow.metadata.setdefault(META, {})["blocked"] = block.code
         flow.marked = ":no_entry:"
         flow.comment = f"keyveil: blocked ({block.code})"
+        if block.code == "undecodable_body":
+            # What keyveil could not read it cannot seal: nothing of it is kept
+            # for the console, the flow file or the web view (a UTF-16 body
+            # would be shown decoded there).
+            flow.request.raw_content = b""
         self.seal_stored_request(flow)
 
     def block_response(self, block: Block, host: str) -> http.Response:
