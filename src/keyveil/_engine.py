@@ -154,11 +154,16 @@ class Sealer:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
             # view that decodes the escape: it is looked at there, not here.
             found: list[Edit] = []
-            for run in base64_runs(data, self._min_run, plus=plus):
+            runs = list(base64_runs(data, self._min_run, plus=plus))
+            if plus:
+                # `+` is a space here, but a client may have left base64's `+` unescaped:
+                # the runs read with `+` as a base64 character are looked at too.
+                runs += [Run(r.start, r.end, r.padding, True) for r in base64_runs(data, self._min_run)]
+            for run in runs:
                 if (json or percent) and _touches_escape(data, run):
                     continue
-                if run.alternative and any(e.start < run.end and run.start < e.end for e in found):
-                    continue  # the first reading of these lines found a value: it stands
+                if run.alternative and any(e.start < run.end and run.start < e.end for e in (*edits, *found)):
+                    continue  # another reading of these bytes found a value: it stands
                 found += self._in_run(data, run, depth)
             edits += found
         return edits
@@ -546,8 +551,8 @@ def _offsets(data: bytes, run: Run) -> list[int]:
     line ends when that line is shorter than the next (``KEY-----`` before
     the body of a PEM block).
     """
-    if run.end - run.start <= SHORT_RUN:
-        return [0, 1, 2, 3]
+    if run.end - run.start <= SHORT_RUN or data[run.start : run.start + 1] == b"/":
+        return [0, 1, 2, 3]  # short, or after a path (`/upload/…`): any offset
     offsets = [0]
     first = data.find(b"\n", run.start, run.end)
     if first != -1:

@@ -224,8 +224,10 @@ class Engine:
             req.headers = headers
         if req.body is not None:
             protect = protected_spans if out.provider else None
+            # A form body reads `+` as a space; references stay plain there
+            # (clients often label JSON as a form: `curl -d`).
             form = body_encoder(req.content_type) is for_form
-            req.body = seal("body", req.body, protect, url=form, plus=form)
+            req.body = seal("body", req.body, protect, plus=form)
 
         # 4a. a value found where it is not bound (non-provider hosts only)
         stray = [(loc, name) for loc, name in found if name not in bound.get(loc, ())]
