@@ -143,8 +143,13 @@ class Sealer:
             edits += self._in_json(data, depth)
         percent = text and b"%" in data and self._percent_trigger.search(data) is not None
         if plus and (percent or b"+" in data):
+            # A query or form: `+` is a space; a layer inside may have kept a
+            # literal `+` of the value (quote with `+` safe): both readings.
+            found_plus = self._in_percent(data, depth, plus=True)
+            if not found_plus and percent:
+                found_plus = self._in_percent(data, depth, plus=False)
             percent = True
-            edits += self._in_percent(data, depth, plus=True)
+            edits += found_plus
         else:
             if percent:
                 edits += self._in_percent(data, depth, plus=False)

@@ -473,7 +473,7 @@ class Base64View:
         self._chars = chars
         body = chars[align:]
         self._urlsafe = b"-" in chars or b"_" in chars
-        self._padded = run.padding > 0 or (len(chars) % 4 == 0 and not self._urlsafe)
+        self._padded = run.padding > 0 or (len(body) % 4 == 0 and not self._urlsafe)
         usable = len(body) - (len(body) % 4 == 1)
         usable_body = body[:usable]
         self._rest = body[usable:]  # a lone last character, which decodes to nothing: kept as it is
