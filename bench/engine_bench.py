@@ -226,7 +226,7 @@ def run(quick: bool) -> list[Row]:
     ))
 
     # 2b. decode, then match: what a body of each kind costs (issue 8 targets) --------------
-    plain = clean.replace(b"\\n", b" ").replace(b'\\"', b"'")
+    plain = json_body(rng, []).replace(b"\\n", b" ").replace(b'\\"', b"'")
     assert b"\\" not in plain and b"%" not in plain
     escaped = json.dumps({"messages": [{"role": "user", "content": "".join(
         chr(rng.randint(0x4E00, 0x9FFF)) if rng.random() < 0.85 else " " for _ in range(3000))} for _ in range(62)]}).encode()

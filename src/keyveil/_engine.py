@@ -539,14 +539,18 @@ def _touches(data: bytes, start: int, end: int) -> bool:
 
 def _is_text(data: bytes) -> bool:
     """Whether a decoded base64 payload reads as text (escapes may hide a value
-    there) rather than binary (an image): at most a quarter of its bytes are
-    outside printable ASCII and UTF-8, a few random bytes before the text allowed."""
+    there) rather than binary (an image): UTF-8 but for a few bytes (random
+    bytes before the text), and mostly printable."""
     if len(data) <= 64 or data.isascii():
         return True
+    if data.decode("utf-8", "replace").count("\ufffd") > 8:
+        return False
     return len(data.translate(None, _TEXT_BYTES)) <= len(data) // 4
 
 
 _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
+
+
 def _offsets(data: bytes, run: Run) -> list[int]:
     """The character offsets a base64 run is decoded from.
 

@@ -349,8 +349,8 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     """
     needle = b"\x01" * max(1, min(min_chars, seed))
     classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
-    # Narrow wrapping: two lines of at least _MIN_WIDTH characters.
-    wrapped = b"\x01" * _MIN_WIDTH + b"\x02"
+    # Narrow wrapping: two lines of at least _MIN_WIDTH characters (LF; CRLF below).
+    wrapped = b"\x01" * _MIN_WIDTH + b"\x02" + b"\x01" * _MIN_WIDTH
     pos = 0
     while (hit := _next_run(classes, needle, wrapped, pos)) != -1:
         start = classes.rfind(b"\x00", 0, hit) + 1
@@ -381,14 +381,17 @@ _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64,
 
 
 def _next_run(classes: bytes, needle: bytes, wrapped: bytes, pos: int) -> int:
-    """Where the next run starts to show: SEED alphabet bytes in a row, or a line of at least _MIN_WIDTH."""
+    """Where the next run starts to show: SEED alphabet bytes in a row, or two lines of at least _MIN_WIDTH."""
     one = classes.find(needle, pos)
     if b"\x02" not in classes:  # no line breaks at all: the common case
         return one
-    two = classes.find(wrapped, pos, one if one != -1 else len(classes))
-    while two != -1 and classes[two + len(wrapped) : two + len(wrapped) + 1] not in (b"\x01", b"\x02"):
-        two = classes.find(wrapped, two + 1, one if one != -1 else len(classes))
-    return two if two != -1 else one
+    limit = one if one != -1 else len(classes)
+    best = -1
+    for pattern in (wrapped, wrapped[: _MIN_WIDTH + 1] + b"\x02" + wrapped[_MIN_WIDTH + 1 :]):
+        at = classes.find(pattern, pos, limit + len(pattern))
+        if at != -1 and (best == -1 or at < best):
+            best = at
+    return best if best != -1 and (one == -1 or best < one) else one
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
@@ -404,6 +407,16 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
     if data.find(b"\n", start, end) == -1 and data.find(b"\r", start, end) == -1:
         yield start, end, False
         return
+    segment = data[start:end]
+    if b"\r" not in segment and b"-----" not in segment and not segment.startswith(b"\n") and not segment.endswith(b"\n"):
+        # The common case, at C speed: one block of equal lines (MIME, PEM bodies).
+        parts = segment.split(b"\n")
+        widths = set(map(len, parts[:-1]))
+        if len(parts) >= 3 and len(widths) == 1:
+            width = widths.pop()
+            if width >= _MIN_WIDTH and 0 < len(parts[-1]) <= width:
+                yield start, end, False
+                return
     # PEM armour (`-----BEGIN …-----`, `-----END …`) is never part of a block.
     lines = [(m.start(), m.end()) for m in _LINE_CONTENT.finditer(data, start, end)]
     lines = [(a, b) for a, b in lines if not (data.startswith(b"-----", a) or data.endswith(b"-----", a, b))]
