@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator
 
 import ahocorasick_rs
 
-from ._views import JsonView, PercentView
+from urllib.parse import unquote_to_bytes
+
+from ._views import JsonView, PercentView, json_unescape
 
 NAME_MAX = 128
 
@@ -118,9 +120,12 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
     found: list[tuple[int, int, str, Writer]] = [(s, e, n, None) for s, e, n in find_references(data)]
     if _depth < _REFERENCE_LAYERS and may_hold_reference(data):
         views = []
-        if b"\\" in data:
+        # Decoded at C speed first: the view with its map is built only when it
+        # holds more references than the raw bytes do (the common JSON body
+        # with `\n` escapes and a plain reference needs none).
+        if b"\\" in data and _more_references(json_unescape(data), len(found)):
             views.append(JsonView.build(data))
-        if b"%" in data:
+        if b"%" in data and _more_references(unquote_to_bytes(data), len(found)):
             views.append(PercentView(data, plus=False))
         for view in views:
             if view.data == data:
@@ -138,6 +143,13 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
                 end = f[1]
         found = kept
     return found
+
+
+def _more_references(decoded: bytes, raw_count: int) -> bool:
+    """Whether DECODED holds a reference beyond the RAW_COUNT found in the raw bytes
+    (or a layer below it may: a further escape or percent sign)."""
+    count = sum(1 for _ in find_references(decoded))
+    return count > raw_count or (count == raw_count and (b"\\" in decoded or b"%" in decoded) and may_hold_reference(decoded) and count < sum(1 for _ in find_references(unquote_to_bytes(json_unescape(decoded)))))
 
 
 def _writer(view, start: int, end: int, inner: Writer) -> Callable[[bytes], bytes]:
