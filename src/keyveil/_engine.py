@@ -23,12 +23,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes
 
 from ._errors import KeyveilError
 from ._matcher import Matcher
 from ._references import format_reference
 from ._views import (
+    _STD_TO_URL as _TO_URL,
+    _URL_TO_STD as _TO_STD,
     B64_ALPHABET,
     Base64View,
     Edit,
@@ -282,7 +284,6 @@ class Sealer:
             return bool(self._find(self._separator.join(parts), 0))
         return any(self._find(p, 0) for p in parts)
 
-    may_hold_form = may_hold_value
 
     def stream(self) -> StreamSealer:
         return StreamSealer(self)
@@ -386,8 +387,6 @@ class StreamSealer:
 
 
 _RUN_BYTES = B64_ALPHABET + b"\r\n"
-_TO_STD = bytes.maketrans(b"-_", b"+/")
-_TO_URL = bytes.maketrans(b"+/", b"-_")
 
 
 class _RunTranscoder:
@@ -515,11 +514,8 @@ class _RunTranscoder:
 
 
 def _url_edit(edit: Edit) -> Edit:
-    reference = b"".join(bytes([c]) if c in _URL_PLAIN else b"%%%02X" % c for c in edit.replacement)
+    reference = quote(edit.replacement, safe="").encode("ascii")
     return Edit(edit.start, edit.end, reference, edit.names, edit.depth, edit.base64, "percent")
-
-
-_URL_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
 def _plus_edit(edit: Edit) -> Edit:

@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 from collections import Counter
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Mapping
 from urllib.parse import quote, quote_plus
 
 from ._references import find_references_layered

@@ -8,7 +8,7 @@ never logs or returns pattern bytes: only indexes and offsets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import ahocorasick_rs
 
@@ -103,9 +103,3 @@ class Matcher:
                 found.append((index, start, pos))
         return found
 
-
-def any_part(matcher: Matcher, parts: Iterable[bytes], separator: bytes) -> bool:
-    """MATCHER.any over many short PARTS in one call, joined by SEPARATOR (a byte in no pattern)."""
-    if separator:
-        return matcher.any(separator.join(parts))
-    return any(matcher.any(part) for part in parts)

@@ -146,10 +146,13 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
 
 
 def _more_references(decoded: bytes, raw_count: int) -> bool:
-    """Whether DECODED holds a reference beyond the RAW_COUNT found in the raw bytes
-    (or a layer below it may: a further escape or percent sign)."""
-    count = sum(1 for _ in find_references(decoded))
-    return count > raw_count or (count == raw_count and (b"\\" in decoded or b"%" in decoded) and may_hold_reference(decoded) and count < sum(1 for _ in find_references(unquote_to_bytes(json_unescape(decoded)))))
+    """Whether DECODED (which holds the raw references too) holds one more, in
+    this layer or, escaped twice, in the one below it."""
+    if sum(1 for _ in find_references(decoded)) > raw_count:
+        return True
+    if b"\\" not in decoded and b"%" not in decoded:
+        return False
+    return sum(1 for _ in find_references(unquote_to_bytes(json_unescape(decoded)))) > raw_count
 
 
 def _writer(view, start: int, end: int, inner: Writer) -> Callable[[bytes], bytes]:

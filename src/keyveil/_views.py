@@ -52,6 +52,47 @@ _JSON_ESCAPE = re.compile(
 _SHORT = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
 
 
+def _json_piece(m: re.Match) -> bytes:
+    high, low, single, short = m.groups()
+    if high is not None:
+        return _code_unit_bytes(0x10000 + ((int(high, 16) - 0xD800) << 10) + (int(low, 16) - 0xDC00))
+    if single is not None:
+        return _code_unit_bytes(int(single, 16))
+    return _SHORT[short]
+
+
+def _decode_mapped(raw: bytes, escapes, piece) -> tuple[bytes, list[int], list[int]]:
+    """RAW with each escape match replaced by PIECE(match), and the map back.
+
+    Unit i of the result starts at view_starts[i]; it came from raw_starts[i]
+    when that is a plain run (mapped byte for byte), or from the escape at
+    -1 - raw_starts[i] (mapped as a whole)."""
+    out: list[bytes] = []
+    raw_starts: list[int] = []
+    view_starts: list[int] = []
+    size = pos = 0
+    for m in escapes:
+        if m.start() > pos:
+            raw_starts.append(pos)
+            view_starts.append(size)
+            out.append(raw[pos : m.start()])
+            size += m.start() - pos
+        decoded = piece(m)
+        raw_starts.append(-1 - m.start())
+        view_starts.append(size)
+        out.append(decoded)
+        size += len(decoded)
+        pos = m.end()
+    if pos < len(raw):
+        raw_starts.append(pos)
+        view_starts.append(size)
+        out.append(raw[pos:])
+        size += len(raw) - pos
+    raw_starts.append(len(raw))
+    view_starts.append(size)
+    return b"".join(out), raw_starts, view_starts
+
+
 def _surrogates(error: UnicodeError) -> tuple[bytes, int]:
     """Encode lone surrogates: U+DC80..DCFF back to the byte they escaped, others as CESU-8."""
     out = bytearray()
@@ -120,7 +161,7 @@ class JsonView:
     kind = "json"
     __slots__ = ("data", "_raw_starts", "_view_starts", "_raw", "_slash")
 
-    def __init__(self, data: bytes, raw: bytes, raw_starts: list[int], view_starts: list[int]) -> None:
+    def __init__(self, raw: bytes, data: bytes, raw_starts: list[int], view_starts: list[int]) -> None:
         self.data = data
         self._raw = raw
         # Decoded units: unit i starts at raw_starts[i] / view_starts[i]; plain
@@ -131,38 +172,7 @@ class JsonView:
 
     @classmethod
     def build(cls, raw: bytes) -> JsonView:
-        out: list[bytes] = []
-        raw_starts: list[int] = []
-        view_starts: list[int] = []
-        size = 0
-        pos = 0
-        for m in _JSON_ESCAPE.finditer(raw):
-            if m.start() > pos:
-                raw_starts.append(pos)
-                view_starts.append(size)
-                out.append(raw[pos : m.start()])
-                size += m.start() - pos
-            high, low, single, short = m.groups()
-            if high is not None:
-                code = 0x10000 + ((int(high, 16) - 0xD800) << 10) + (int(low, 16) - 0xDC00)
-                piece = _code_unit_bytes(code)
-            elif single is not None:
-                piece = _code_unit_bytes(int(single, 16))
-            else:
-                piece = _SHORT[short]
-            raw_starts.append(-1 - m.start())  # negative: an escape, mapped as a whole
-            view_starts.append(size)
-            out.append(piece)
-            size += len(piece)
-            pos = m.end()
-        if pos < len(raw):
-            raw_starts.append(pos)
-            view_starts.append(size)
-            out.append(raw[pos:])
-            size += len(raw) - pos
-        raw_starts.append(len(raw))
-        view_starts.append(size)
-        return cls(b"".join(out), raw, raw_starts, view_starts)
+        return cls(raw, *_decode_mapped(raw, _JSON_ESCAPE.finditer(raw), _json_piece))
 
     def _unit(self, at: int) -> int:
         return bisect.bisect_right(self._view_starts, at) - 1
@@ -230,41 +240,15 @@ class PercentView:
     def __init__(self, raw: bytes, plus: bool) -> None:
         self._raw = raw
         self.plus = plus
-        out: list[bytes] = []
-        raw_starts: list[int] = []
-        view_starts: list[int] = []
-        size = 0
-        pos = 0
-        lower = upper = 0
-        for m in _PERCENT.finditer(raw):
-            if m.start() > pos:
-                raw_starts.append(pos)
-                view_starts.append(size)
-                out.append(raw[pos : m.start()])
-                size += m.start() - pos
-            hexpair = m.group(0)[1:]
-            if hexpair.isupper() or hexpair.isdigit():
-                upper += 1
-            else:
-                lower += 1
-            raw_starts.append(-1 - m.start())
-            view_starts.append(size)
-            out.append(bytes([int(hexpair, 16)]))
-            size += 1
-            pos = m.end()
-        if pos < len(raw):
-            raw_starts.append(pos)
-            view_starts.append(size)
-            out.append(raw[pos:])
-            size += len(raw) - pos
-        raw_starts.append(len(raw))
-        view_starts.append(size)
-        data = b"".join(out)
+        data, self._raw_starts, self._view_starts = _decode_mapped(
+            raw, _PERCENT.finditer(raw), lambda m: bytes([int(m.group(0)[1:], 16)])
+        )
         # `+` and space are one byte each: the map stays as it is.
-        self.data = _plus_to_space(raw, data, raw_starts) if plus else data
-        self._raw_starts = raw_starts
-        self._view_starts = view_starts
-        self._lower = lower > upper
+        self.data = _plus_to_space(raw, data, self._raw_starts) if plus else data
+        # The buffer's usual hex case, for spans with no escape of their own.
+        pairs = [e[1:] for e in _PERCENT.findall(raw)]
+        lower = sum(not (h.isupper() or h.isdigit()) for h in pairs)
+        self._lower = lower > len(pairs) - lower
 
     span = JsonView.span
     _unit = JsonView._unit
@@ -322,8 +306,6 @@ for _c in b"\r\n":
 B64_CLASSES = bytes(_CLASS)
 _CLASS[ord("+")] = 0
 B64_CLASSES_PLUS = bytes(_CLASS)  # where `+` is a space (queries, forms), it ends a run
-_LINE = re.compile(rb"\r?\n")
-_BREAKS = b"\r\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +500,3 @@ class Base64View:
         # The run's own '=' padding is replaced along with it.
         return Edit(self.run.start, self.run.end + self.run.padding, text, ())
 
-
-def b64_alphabet_is_urlsafe(text: bytes) -> bool:
-    return b"-" in text or b"_" in text

@@ -30,7 +30,7 @@ from .._rules import load_rules
 from ..vault import VaultWatcher, open_vault
 from . import _websockets
 from ._guard import Blocked, close_connections
-from ._outputs import META, Outputs, unsealed_block_response
+from ._outputs import Outputs, unsealed_block_response
 from ._requests import RequestPhase
 from ._responses import ResponsePhase
 from ._websockets import WebSocketPhase

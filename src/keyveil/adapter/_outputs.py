@@ -15,8 +15,10 @@ import logging
 
 from mitmproxy import http
 
+from .. import _codecs
 from .._hosts import normalize_host
 from .._pipeline import Block
+from ._guard import close_connections
 
 log = logging.getLogger("keyveil")
 
@@ -63,8 +65,6 @@ class Outputs:
     # -- blocks ----------------------------------------------------------------
 
     def block(self, flow: http.HTTPFlow, block: Block, phase: str = "request") -> None:
-        from ._guard import close_connections
-
         addon = self._addon
         host = self.host(flow)
         self.record(flow, "blocked", {n: 1 for n in block.names}, block.code)
@@ -107,8 +107,6 @@ class Outputs:
 
     def seal_stored_request(self, flow: http.HTTPFlow) -> None:
         """Nothing that reads the flow later (dumper, -w, mitmweb) may see a value."""
-        from .. import _codecs
-
         sealer = self._sealer
         if sealer is None:
             return

@@ -23,6 +23,7 @@ from .. import _codecs
 from .._agents import REALM, AuthRequired, authenticate
 from .._hosts import normalize_host
 from .._pipeline import Block, Engine, Outcome, Request
+from .._references import format_reference
 from ._guard import Blocked, guarded
 from ._outputs import META
 
@@ -109,7 +110,7 @@ class RequestPhase:
         block = Block(
             "plaintext_egress",
             f"the destination host name holds the value of {name}; keyveil never connects to it. "
-            f"Use a host name, and the reference {{{{secret:{name}}}}} where the credential goes",
+            f"Use a host name, and the reference {format_reference(name)} where the credential goes",
             (name,),
         )
         flow.metadata.setdefault(META, {})["host"] = self.outputs.text(host)
@@ -276,7 +277,7 @@ class RequestPhase:
             raise Blocked(Block(
                 "plaintext_egress",
                 f"the request to {host} carries the value of {name} in a trailer, where no secret is ever "
-                f"injected; send the reference {{{{secret:{name}}}}} in a bound header instead",
+                f"injected; send the reference {format_reference(name)} in a bound header instead",
                 (name,),
             ))
         self.outputs.record(flow, "sealed", counts)

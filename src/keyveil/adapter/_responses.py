@@ -9,7 +9,10 @@ body (HEAD, 204, 304, 1xx), whose Content-Encoding means nothing.
 
 from __future__ import annotations
 
+import logging
+
 from mitmproxy import http
+from mitmproxy.net import encoding
 
 from .. import _codecs
 from ._guard import Blocked, guarded
@@ -85,8 +88,6 @@ class ResponsePhase:
                 enc = "gzip" if ce == "x-gzip" else ce
             result = engine.sealer.scrub(body)
             if result.changed:
-                from mitmproxy.net import encoding
-
                 resp.raw_content = encoding.encode(result.data, enc) if enc else result.data
                 if "content-length" in resp.headers:
                     resp.headers["content-length"] = str(len(resp.raw_content))
@@ -98,6 +99,4 @@ class ResponsePhase:
                 self.addon.end_stream(flow, direction)
             self.addon.reseal_request(flow)
         except Exception as e:  # noqa: BLE001
-            import logging
-
             logging.getLogger("keyveil").error("keyveil: could not reseal a failed flow (%s)", type(e).__name__)
