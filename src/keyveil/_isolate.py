@@ -224,6 +224,11 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
         args += _hide(sock)
     if any(_inside(cwd, area) and cwd != area for area in private):
         args += ["--bind", str(cwd), str(cwd)]
+    # keyveil's own interpreter (a venv under /tmp, say) must stay visible:
+    # the sandbox helper runs on it.
+    for own in {Path(sys.prefix), Path(os.path.realpath(sys.executable)).parent}:
+        if any(_inside(own, area) and own != area for area in private) and not _inside(own, root):
+            args += ["--ro-bind", str(own), str(own)]
     args += inside
     args += ["--perms", "0700", "--tmpfs", str(root)]
     for visible in (home.ca_cert, home.ca_bundle):
