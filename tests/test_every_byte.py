@@ -553,3 +553,13 @@ def test_a_value_in_a_client_close_reason_or_ping_never_leaves(kvproxy, rawup, s
     assert close, f"the upstream got no close frame: {frames}"
     assert close[0][:2] == struct.pack("!H", 1000) and b"{{secret:ws/token}}" in close[0]
     assert_nowhere(v, [("upstream", rawup.after_upgrade[path]), ("upstream frames", repr(frames).encode()), *outputs(kvproxy, setup)])
+
+
+@pytest.mark.parametrize("host", ["api.anthropic.com", "evil.example"], ids=["provider", "unbound"])
+def test_a_value_as_the_request_method_is_refused_and_never_repeated(kvproxy, rawup, setup, host):
+    v = setup.values["github/pat"]  # ghp_ + url-safe base64: a valid HTTP method token
+    before = len(rawup.received)
+    out = exchange(kvproxy, host, setup.home, v + b" /x HTTP/1.1\r\nHost: " + host.encode() + b"\r\nconnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 403") and b"plaintext_egress" in out, out[:200]
+    assert len(rawup.received) == before
+    assert_nowhere(v, [("client", out), *outputs(kvproxy, setup)])
