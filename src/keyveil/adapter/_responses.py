@@ -1,10 +1,17 @@
 """The response phase: everything that comes back is scrubbed on its way to the client.
 
 Status line (the reason phrase too), headers, body, trailers: every value
-becomes its reference (SPEC §7). Bodies are always streamed through the
-stream sealer, decompressed on the way; a body keyveil cannot decode is
-replaced by an ``undecodable_body`` block, except where a response has no
-body (HEAD, 204, 304, 1xx), whose Content-Encoding means nothing.
+becomes its reference (SPEC §7). Bodies are streamed through the stream
+sealer, decompressed on the way; a body keyveil cannot decode is replaced by
+an ``undecodable_body`` block, except where a response has no body (HEAD,
+204, 304, 1xx), whose Content-Encoding means nothing.
+
+One exception to streaming: a compressed body of known length within
+``max_body_bytes`` is read whole first. Its decoding can fail (a body that
+says gzip and is not), and only before the status line has gone out can
+the client get a clear ``undecodable_body`` instead of a cut connection.
+Compressed streams of unknown length (SSE) are still streamed: if one turns
+out not to decode, the connection is closed and the audit log says why.
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ class ResponsePhase:
         if block is not None:
             raise Blocked(block)
         if ce not in ("", "identity"):
+            size = resp.headers.get("content-length", "")
+            if size.isdigit() and int(size) <= engine.policy.max_body_bytes:
+                flow.metadata[META]["head_scrubbed"] = True
+                return  # read whole, decoded in `response`: a bad body gets a clear block
             resp.headers.pop("content-encoding", None)
         reframe(flow, resp)
         resp.stream = self.addon.stream_callable(flow, decoder, engine.sealer.stream(), "response")
@@ -77,14 +88,19 @@ class ResponsePhase:
                 self.outputs.record(flow, "scrubbed", counts)
         if resp.stream or resp.headers.get("x-keyveil-block"):
             return
-        # Not streamed: made by an addon (or a block) after responseheaders. Scrubbed whole.
-        self._scrub_head(flow, resp)
+        # Not streamed: a compressed body of known size, or made by an addon
+        # (or a block) after responseheaders. Scrubbed whole.
+        if not flow.metadata.get(META, {}).pop("head_scrubbed", False):
+            self._scrub_head(flow, resp)
         raw = resp.raw_content
         if raw:
             body, enc = raw, None
             ce = resp.headers.get("content-encoding", "").strip().lower()
             if ce not in ("", "identity"):
-                body = _codecs.decode(raw, ce)  # ValueError → guarded → blocked
+                try:
+                    body = _codecs.decode(raw, ce)
+                except ValueError:
+                    raise Blocked(undecodable(ce, self.outputs.host(flow), response=True)) from None
                 enc = "gzip" if ce == "x-gzip" else ce
             result = engine.sealer.scrub(body)
             if result.changed:
