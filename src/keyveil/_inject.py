@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Mapping
 from urllib.parse import quote, quote_plus
 
-from ._references import find_references_layered
+from ._references import field_nesting, find_references_layered, json_nesting
 
 Encoder = Callable[[bytes], bytes]
 
@@ -81,7 +81,21 @@ def inject(
         if name not in names or name not in values:
             continue
         try:
-            encoded = encode(values[name]) if writer is None else writer(values[name])
+            if writer is not None:
+                encoded = writer(values[name])
+            elif encode is for_json:
+                # a JSON document in a JSON string: escaped once per string that encloses it
+                encoded = values[name]
+                for _ in range(max(1, json_nesting(data, start))):
+                    encoded = for_json(encoded)
+            elif encode in (for_url, for_form):
+                # a JSON document in a query parameter or form field ({"k": "{{secret:…}}"})
+                encoded = values[name]
+                for _ in range(field_nesting(data, start)):
+                    encoded = for_json(encoded)
+                encoded = encode(encoded)
+            else:
+                encoded = encode(values[name])
             if writer is not None and encode is for_header:
                 for_header(encoded)
         except ValueError as e:
@@ -95,13 +109,25 @@ def inject(
     return b"".join(out), counts
 
 
+_URL_SAFE = bytes.maketrans(b"-_", b"+/")
+
+
 def split_basic(header_value: bytes) -> tuple[bytes, bytes] | None:
-    """(scheme word as sent, decoded credentials) of a Basic Authorization value, else None."""
+    """(scheme word as sent, decoded credentials) of a Basic credentials value, else None.
+
+    Read as leniently as any server would: padding may be left off and the
+    URL-safe alphabet is accepted (SPEC §3: base64 in either alphabet, padded
+    or not). Injection writes them back standard and padded (RFC 7617).
+    """
     scheme, _, rest = header_value.strip().partition(b" ")
-    if scheme.lower() != b"basic" or not rest.strip():
+    text = rest.strip()
+    if scheme.lower() != b"basic" or not text:
         return None
+    text = text.translate(_URL_SAFE)
+    if not text.endswith(b"="):
+        text += b"=" * (-len(text) % 4)
     try:
-        return scheme, binascii.a2b_base64(rest.strip(), strict_mode=True)
+        return scheme, binascii.a2b_base64(text, strict_mode=True)
     except binascii.Error:
         return None
 

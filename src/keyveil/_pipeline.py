@@ -9,11 +9,13 @@ of mitmproxy or sockets, and no message it writes ever holds a value.
 
 from __future__ import annotations
 
+import binascii
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from ._engine import Sealer
 from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
@@ -358,14 +360,19 @@ class Engine:
                 if auth:
                     refs.auth.add(name)
 
+        def scan_credential(data: bytes, auth: bool) -> None:
+            scan(data, auth)
+            # A reference can hide in base64 (SPEC §3), which no marker shows:
+            # headers and query parameters are short, so each token is decoded.
+            for decoded in _base64_tokens(data):
+                scan(decoded, auth)
+
         for k, v in req.headers:
-            scan(v, is_auth_header(k))
-            if k.lower() == b"authorization" and (basic := split_basic(v)):
-                scan(basic[1], True)
+            scan_credential(v, is_auth_header(k))
         if req.query is not None:
             for piece in req.query.split(b"&"):
                 key = unquote_plus(piece.partition(b"=")[0].decode("latin-1"))
-                scan(piece, _AUTHISH.search(key.encode("latin-1")) is not None, url=True)
+                scan_credential(piece, _AUTHISH.search(key.encode("latin-1")) is not None)
         scan(req.path, False, url=True)
         if req.body is not None:
             scan(req.body, False)
@@ -462,6 +469,28 @@ def _rewrite_headers(req: Request, name: str, rewrite) -> Counter[str]:
             req.headers[i] = (k, v)
             counts += c
     return counts
+
+
+_BASE64_TOKEN = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
+_URL_SAFE = bytes.maketrans(b"-_", b"+/")
+
+
+def _base64_tokens(data: bytes) -> Iterator[bytes]:
+    """Every run of DATA that reads as base64 (either alphabet, padded or not,
+    percent-encoded or not), decoded from each of its first four characters
+    (a prefix such as ``tok_`` may be glued to it) where that holds a
+    reference: a ``{{secret:…}}`` is 12 bytes at least, 16 base64 characters."""
+    if b"%" in data:
+        data = unquote_to_bytes(data)
+    for m in _BASE64_TOKEN.finditer(data):
+        run = m.group().rstrip(b"=").translate(_URL_SAFE)
+        for skip in range(4):
+            part = run[skip:]
+            if len(part) % 4 == 1:
+                part = part[:-1]
+            decoded = binascii.a2b_base64(part + b"=" * (-len(part) % 4))
+            if may_hold_reference(decoded):
+                yield decoded
 
 
 def _header_location(name: bytes, value: bytes) -> str:

@@ -6,12 +6,12 @@ knows nothing of values: it never sees one.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
+from urllib.parse import unquote_to_bytes
 
 import ahocorasick_rs
-
-from urllib.parse import unquote_to_bytes
 
 from ._views import JsonView, PercentView, json_unescape
 
@@ -132,6 +132,11 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
                 continue
             for s, e, name, inner in find_references_layered(view.data, _depth + 1):
                 start, end = view.span(s, e)
+                if inner is None:
+                    # A JSON document carried inside: the value is escaped for
+                    # each string around it (the JSON view's writer does one).
+                    nested = json_nesting(data, start) - 1 if isinstance(view, JsonView) else field_nesting(data, start)
+                    inner = _json_strings(nested) if nested > 0 else None
                 found.append((start, end, name, _writer(view, start, end, inner)))
     if len(found) > 1:
         found.sort(key=lambda f: (f[0], f[3] is not None))
@@ -155,8 +160,63 @@ def _more_references(decoded: bytes, raw_count: int) -> bool:
     return sum(1 for _ in find_references(unquote_to_bytes(json_unescape(decoded)))) > raw_count
 
 
-def _writer(view, start: int, end: int, inner: Writer) -> Callable[[bytes], bytes]:
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_NESTING = 3  # the layers of SPEC §3, and one more
+
+
+def json_nesting(doc: bytes, pos: int) -> int:
+    """How many JSON strings enclose POS in DOC: 0 when DOC is no JSON
+    document or POS lies outside its strings, 1 in a string, 2 in a string
+    of a JSON document carried in a string, and so on."""
+    depth = 0
+    while depth < _JSON_NESTING and doc.lstrip()[:1] in (b"{", b"["):
+        for m in _JSON_STRING.finditer(doc):
+            if m.start() >= pos or pos < m.end():
+                break
+        else:
+            return depth
+        if not m.start() < pos < m.end() - 1:
+            return depth
+        depth += 1
+        content = doc[m.start() + 1 : m.end() - 1]
+        inside = pos - m.start() - 1
+        before = json_unescape(content[:inside])  # POS starts a reference, never inside an escape
+        doc, pos = before + json_unescape(content[inside:]), len(before)
+    return depth
+
+
+def field_nesting(raw: bytes, start: int) -> int:
+    """json_nesting for a reference percent-encoded at START of RAW, read in
+    the decoded form field or query parameter (or whole buffer) holding it."""
+    first = max(raw.rfind(b"&", 0, start), raw.rfind(b"=", 0, start), raw.rfind(b"?", 0, start)) + 1
+    last = raw.find(b"&", start)
+    before = unquote_to_bytes(raw[first:start])
+    return json_nesting(before + unquote_to_bytes(raw[start : len(raw) if last == -1 else last]), len(before))
+
+
+def _json_strings(times: int) -> Callable[[bytes], bytes]:
     def write(value: bytes) -> bytes:
-        return view.encode(inner(value) if inner else value, start, end)
+        for _ in range(times):
+            value = _json_string(value)
+        return value
+
+    return write
+
+
+def _json_string(value: bytes) -> bytes:
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the value is not UTF-8 text, which a JSON string cannot carry") from None
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+
+
+def _writer(view, start: int, end: int, inner: Writer) -> Callable[[bytes], bytes]:
+    # A value takes the place of a reference: every byte that is not plain in
+    # every URL part is escaped (a `/` in a path segment stays one segment).
+    strict = {"keep_plain": False} if isinstance(view, PercentView) else {}
+
+    def write(value: bytes) -> bytes:
+        return view.encode(inner(value) if inner else value, start, end, **strict)
 
     return write

@@ -262,15 +262,15 @@ class PercentView:
         span = self._raw[raw_start:raw_end]
         return _PERCENT.search(span) is not None or (self.plus and b"+" in span)
 
-    def encode(self, replacement: bytes, raw_start: int, raw_end: int) -> bytes:
+    def encode(self, replacement: bytes, raw_start: int, raw_end: int, keep_plain: bool = True) -> bytes:
         """REPLACEMENT percent-encoded in the span's own habit: a byte the span wrote
-        plainly stays plain (`=` in Basic credentials), every other byte but
-        the unreserved ones is escaped, in the span's hex case."""
+        plainly stays plain (`=` in Basic credentials), unless not KEEP_PLAIN;
+        every other byte but the unreserved ones is escaped, in the span's hex case."""
         span = self._raw[raw_start:raw_end]
         lower = bool(re.search(rb"%[0-9]?[a-f]", span)) if b"%" in span else self._lower
         fmt = b"%%%02x" if lower else b"%%%02X"
         # `%`, `+` and space are always escaped: `+` means a space in forms and queries.
-        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20}
+        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20} if keep_plain else set()
         keep = _UNRESERVED | plain
         return b"".join(bytes([c]) if c in keep else fmt % c for c in replacement)
 
