@@ -151,8 +151,13 @@ def _state_of(home: Path, proxy: infra.ProxyProcess):
 
 
 def run(setup: KeyveilSetup, *args: str, env=None, cwd=None, timeout: float = 60, isolate: bool = True):
-    """`keyveil run [--isolate] ARGS` as a user would type it; the result, with .out and .err text."""
-    cmd = [sys.executable, "-m", "keyveil", "run", *(["--isolate"] if isolate else []), *args]
+    """`keyveil run [--isolate] ARGS` as a user would type it; the result, with .out and .err text.
+
+    A CMD that is this venv's python gets the venv shown read-only, as a user
+    would show it: under /tmp (CI checks out there) the sandbox has its own, empty /tmp.
+    """
+    shown = ["--ro", sys.prefix] if isolate and sys.executable in args else []
+    cmd = [sys.executable, "-m", "keyveil", "run", *(["--isolate"] if isolate else []), *shown, *args]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env={**setup.env, **(env or {})}, cwd=cwd, timeout=timeout)
     setup.outputs += [proc.stdout, proc.stderr]
     proc.out = proc.stdout.decode(errors="replace")
@@ -486,6 +491,39 @@ def test_a_missing_command_is_a_usage_error(kvi, routed, tmp_path):
     assert "command not found in the sandbox: keyveil-no-such-command" in r.err
 
 
+def test_a_command_under_the_private_tmp_is_shown_with_ro(kvi, routed, tmp_path):
+    tools = Path(tempfile.mkdtemp(prefix="keyveil-test-", dir="/tmp"))
+    try:
+        tool = tools / "tool"
+        tool.write_text("#!/bin/sh\necho tool ran\n")
+        tool.chmod(0o755)
+        r = run(kvi, "--", str(tool), cwd=tmp_path)
+        assert r.returncode == 1
+        assert f"command not found in the sandbox: {tool} ({tool} lies under /tmp" in r.err
+        assert "show what it needs with --ro PATH" in r.err
+        r = run(kvi, "--ro", str(tools), "--", str(tool), cwd=tmp_path)
+        assert (r.returncode, r.out) == (0, "tool ran\n"), r.err
+    finally:
+        shutil.rmtree(tools, ignore_errors=True)
+
+
+def test_keyveil_installed_under_tmp_shows_nothing_of_itself_in_the_sandbox(kvi, routed, tmp_path):
+    # As in CI, where the checkout and its venv live under /tmp: the helper
+    # inside runs on the base interpreter, so the sandbox's /tmp stays empty.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    site = next(p for p in sys.path if p.startswith(sys.prefix) and p.endswith("site-packages"))
+    env = {**kvi.env, "PYTHONPATH": os.pathsep.join([str(infra.REPO / "src"), site])}
+    cmd = [str(venv / "bin" / "python"), "-m", "keyveil", "run", "--isolate", "--", "find", "/tmp"]
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env=env, cwd="/", timeout=60)
+    kvi.outputs += [r.stdout, r.stderr]
+    assert r.returncode == 0, r.stderr.decode()
+    seen = {Path(line) for line in r.stdout.decode().splitlines()}
+    assert kvi.home / "certs" / "keyveil-bundle.pem" in seen  # the run went through keyveil's sandbox
+    # Only KEYVEIL_HOME (where it lies under /tmp, as here) and nothing of the venv.
+    assert {p for p in seen if not (_isolate._inside(p, kvi.home) or _isolate._inside(kvi.home, p))} == set()
+
+
 SIGNALLED = r"""
 import signal, sys, time
 def on(sig, _):
@@ -786,7 +824,8 @@ print(json.dumps(out))
 
 
 def test_ro_root_keeps_the_sandbox_own_proc_tmp_and_hidden_home(kvi, routed, tmp_path):
-    probe = infra.REPO / f".isolate-probe-{secrets.token_hex(4)}"
+    # A writable host directory outside the private areas, wherever the checkout lives.
+    probe = Path(tempfile.mkdtemp(prefix="keyveil-test-", dir="/var/tmp")) / "probe"
     try:
         r = run(kvi, "--ro", "/", "--", sys.executable, "-c", READ_ONLY_ROOT, str(probe), str(kvi.home), cwd=tmp_path)
         assert r.returncode == 0, r.err
@@ -796,7 +835,7 @@ def test_ro_root_keeps_the_sandbox_own_proc_tmp_and_hidden_home(kvi, routed, tmp
         assert seen["home"] == ["certs"]
         assert not probe.exists()
     finally:
-        probe.unlink(missing_ok=True)
+        shutil.rmtree(probe.parent, ignore_errors=True)
 
 
 @pytest.mark.parametrize(

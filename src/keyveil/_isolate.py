@@ -142,6 +142,7 @@ class Plan:
     args: tuple[str, ...]
     cwd: Path
     must_be_hidden: tuple[Path, ...]
+    private: tuple[Path, ...] = ()  # the areas the sandbox has its own, empty copy of
 
 
 def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], cwd: Path | None = None) -> Plan:
@@ -224,9 +225,13 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
         args += _hide(sock)
     if any(_inside(cwd, area) and cwd != area for area in private):
         args += ["--bind", str(cwd), str(cwd)]
-    # keyveil's own interpreter (a venv under /tmp, say) must stay visible:
-    # the sandbox helper runs on it.
-    for own in {Path(sys.prefix), Path(os.path.realpath(sys.executable)).parent}:
+    # The helper runs on the base interpreter with -I -S: it needs neither the
+    # venv nor the checkout, so a keyveil installed under /tmp (CI clones there)
+    # shows nothing of itself. Only a Python *installed* under a private area
+    # is shown, read-only, at its own path (its libraries are found by absolute
+    # paths, so it cannot move); CMD gets what it needs from --ro / --rw.
+    python, installation = helper_python()
+    for own in dict.fromkeys((installation, Path(python).parent)):
         if any(_inside(own, area) and own != area for area in private) and not _inside(own, root):
             args += ["--ro-bind", str(own), str(own)]
     args += inside
@@ -237,7 +242,7 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
             args += ["--ro-bind", real, str(root / visible.relative_to(home.root))]
     args += ["--chdir", str(cwd)]
     must_be_hidden = (root / "vault", root / "config", root / "certs" / "mitmproxy-ca.pem", root / "certs" / "mitmproxy-ca.p12")
-    return Plan(tuple(args), cwd, must_be_hidden)
+    return Plan(tuple(args), cwd, must_be_hidden, tuple(private))
 
 
 def _hide(path: Path) -> list[str]:
@@ -385,6 +390,17 @@ except OSError as e:
     os._exit(127)
 """
 
+def helper_python() -> tuple[str, Path]:
+    """The interpreter the sandbox helper runs on, and the installation it needs.
+
+    The base interpreter at its real path, never a venv's: with -I -S the
+    helper reads nothing but the standard library (a venv's python is a link,
+    or with --copies a copy, that looks for its pyvenv.cfg beside it).
+    """
+    exe = Path(os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable))
+    return str(exe), Path(os.path.realpath(sys.base_prefix))
+
+
 _NAMESPACES = ("--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 
 
@@ -469,7 +485,7 @@ class Sandbox:
             "--info-fd", str(info_w),
             *self.plan.args,
             "--",
-            sys.executable, "-I", "-S", "-c", _HELPER, *helper_args, *self.command,
+            helper_python()[0], "-I", "-S", "-c", _HELPER, *helper_args, *self.command,
         ]  # fmt: skip
         try:
             self.proc = subprocess.Popen(
@@ -541,7 +557,7 @@ class Sandbox:
             errno_text, _, reason = text.partition(" ")
             self._wait_gone()
             if errno_text == "2":
-                return UsageError(f"command not found in the sandbox: {self.command[0]}")
+                return UsageError(f"command not found in the sandbox: {self.command[0]}{self._private_hint()}")
             return UsageError(f"cannot run {self.command[0]} in the sandbox: {reason}")
         if tag == b"H":
             return _refuse(self.command, f"the sandbox still shows {text}, which it must hide", f"report this as a keyveil bug; see {DOCS}")
@@ -554,6 +570,18 @@ class Sandbox:
                 self.command, f"the proxy's address 127.0.0.1:{self.proxy.port} could not be bound in the sandbox ({text})", f"see {DOCS}"
             )
         return self._setup_failed()
+
+    def _private_hint(self) -> str:
+        """Why CMD, found outside, is not in the sandbox: it lies in a private area."""
+        found = shutil.which(self.command[0], path=self.env.get("PATH", os.defpath))
+        where = Path(os.path.realpath(found)) if found else None
+        area = next((a for a in self.plan.private if where is not None and _inside(where, a)), None)
+        if area is None:
+            return ""
+        return (
+            f" ({where} lies under {area}, of which the sandbox has its own, empty copy: "
+            "show what it needs with --ro PATH, for a venv's python the venv)"
+        )
 
     def _setup_failed(self, what: str | None = None) -> IsolationError:
         """The sandbox never reached CMD: say why, from bubblewrap's own words."""
@@ -848,7 +876,7 @@ def check(home: Home, env: Mapping[str, str] | None = None) -> tuple[bool, str, 
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
         port = fake_proxy.getsockname()[1]
-        probe = [sys.executable, "-I", "-S", "-c", _PROBE, str(port), str(host_service.getsockname()[1]), str(home.vault)]
+        probe = [helper_python()[0], "-I", "-S", "-c", _PROBE, str(port), str(host_service.getsockname()[1]), str(home.vault)]
         with tempfile.TemporaryFile() as out, open(os.devnull, "rb") as devnull:
             try:
                 rc = run_isolated(
