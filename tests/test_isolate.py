@@ -150,13 +150,17 @@ def _state_of(home: Path, proxy: infra.ProxyProcess):
             state.write_bytes(before)
 
 
+# What a CMD that is this venv's python needs to see, wherever the venv lives.
+SHOW_VENV = ["--ro", sys.prefix]
+
+
 def run(setup: KeyveilSetup, *args: str, env=None, cwd=None, timeout: float = 60, isolate: bool = True):
     """`keyveil run [--isolate] ARGS` as a user would type it; the result, with .out and .err text.
 
     A CMD that is this venv's python gets the venv shown read-only, as a user
     would show it: under /tmp (CI checks out there) the sandbox has its own, empty /tmp.
     """
-    shown = ["--ro", sys.prefix] if isolate and sys.executable in args else []
+    shown = SHOW_VENV if isolate and sys.executable in args else []
     cmd = [sys.executable, "-m", "keyveil", "run", *(["--isolate"] if isolate else []), *shown, *args]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env={**setup.env, **(env or {})}, cwd=cwd, timeout=timeout)
     setup.outputs += [proc.stdout, proc.stderr]
@@ -556,7 +560,7 @@ def _read_until(stream, text: str, timeout: float = 20) -> str:
 
 def test_signals_sent_to_keyveil_reach_the_command(kvi, routed, tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "keyveil", "run", "--isolate", "--", sys.executable, "-c", SIGNALLED],
+        [sys.executable, "-m", "keyveil", "run", "--isolate", *SHOW_VENV, "--", sys.executable, "-c", SIGNALLED],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -649,7 +653,7 @@ while True:
 
 def test_ctrl_c_reaches_the_command_once_and_a_second_one_ends_the_sandbox(kvi, routed, tmp_path):
     marker = _marker()
-    cmd = [sys.executable, "-m", "keyveil", "run", "--isolate", "--", sys.executable, "-c", IGNORES_CTRL_C, marker]
+    cmd = [sys.executable, "-m", "keyveil", "run", "--isolate", *SHOW_VENV, "--", sys.executable, "-c", IGNORES_CTRL_C, marker]
     proc, tty = _in_a_terminal(cmd, kvi.env, tmp_path)
     try:
         _read_until(tty, "ready")

@@ -574,8 +574,10 @@ class Sandbox:
     def _private_hint(self) -> str:
         """Why CMD, found outside, is not in the sandbox: it lies in a private area."""
         found = shutil.which(self.command[0], path=self.env.get("PATH", os.defpath))
-        where = Path(os.path.realpath(found)) if found else None
-        area = next((a for a in self.plan.private if where is not None and _inside(where, a)), None)
+        if found is None:
+            return ""
+        seen = (Path(os.path.abspath(found)), Path(os.path.realpath(found)))
+        where, area = next(((w, a) for w in seen for a in self.plan.private if _inside(w, a)), (None, None))
         if area is None:
             return ""
         return (
