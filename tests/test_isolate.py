@@ -18,6 +18,7 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import pwd
@@ -56,8 +57,12 @@ secrets:
   codex/key:
     hosts: [codex.test.keyveil]
     inject: [{header: Authorization}]
+  local/svc:
+    hosts: ["127.0.0.1:{tls_port}"]
+    inject: [{header: X-Svc}]
 policy:
   max_body_bytes: {max_body}
+  isolated_local_hosts: ["localhost:{plain_port}"]
 """
 
 GIT_URL = "https://github.com/owner/repo.git/info/refs?service=git-upload-pack"
@@ -106,13 +111,18 @@ def codex(bwrap) -> Path:
     return binary
 
 
+def _rules_for(upstream) -> str:
+    return RULES.replace("{tls_port}", str(upstream.tls_port)).replace("{plain_port}", str(upstream.plain_port))
+
+
 @pytest.fixture(scope="module")
-def kvi(tmp_path_factory, bwrap) -> KeyveilSetup:
-    setup = make_home(tmp_path_factory.mktemp("isolate"), rules=RULES)
-    value = b"cdx_" + secrets.token_urlsafe(24).encode()
-    r = keyveil(setup.env, "secret", "set", "codex/key", stdin=value + b"\n")
-    assert r.returncode == 0, r.stderr
-    setup.values["codex/key"] = value
+def kvi(tmp_path_factory, bwrap, upstream) -> KeyveilSetup:
+    setup = make_home(tmp_path_factory.mktemp("isolate"), rules=_rules_for(upstream))
+    for name, prefix in (("codex/key", "cdx_"), ("local/svc", "svc_")):
+        value = prefix.encode() + secrets.token_urlsafe(24).encode()
+        r = keyveil(setup.env, "secret", "set", name, stdin=value + b"\n")
+        assert r.returncode == 0, r.stderr
+        setup.values[name] = value
     yield setup
     leaks = [i for i, out in enumerate(setup.outputs) for form in setup.forms() if form in out]
     assert leaks == [], f"a value appeared in captured output #{leaks}"
@@ -377,6 +387,133 @@ def test_the_same_probe_without_isolate_reaches_the_host(kvi, routed, up, host_s
     assert results["curl to the host's loopback"] == "connected"
     _, udp, _ = host_services
     assert udp.recvfrom(64)[0] == b"keyveil-probe"
+
+
+# --- through keyveil, only the public internet and the hosts rules.yaml names ---------------------
+
+# curl through the proxy on purpose (--noproxy '' overrides NO_PROXY): what an
+# agent would try to reach the host's services via keyveil. One JSON line per URL:
+# the CONNECT status, the HTTP status, the block code, and the body.
+VIA_PROXY = r"""
+import json, os, subprocess, sys
+out = {}
+for url, *headers in (json.loads(a) for a in sys.argv[1:]):
+    args = ["curl", "-sS", "--noproxy", "", "-x", os.environ["HTTPS_PROXY"], "-m", "20", "-D", "-", "-o", "body"]
+    for h in headers:
+        args += ["-H", h]
+    done = subprocess.run([*args, "-w", "\n%{http_connect} %{http_code}", url], capture_output=True, text=True)
+    head, _, codes = done.stdout.rpartition("\n")
+    blocks = [l.split(":", 1)[1].strip() for l in head.splitlines() if l.lower().startswith("x-keyveil-block:")]
+    body = open("body").read() if os.path.exists("body") else ""
+    if os.path.exists("body"):
+        os.unlink("body")
+    out[url] = {"connect": codes.split()[0], "status": codes.split()[1], "block": blocks, "body": body}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def host_service():
+    """A TCP service on the host's loopback that nothing binds: it must see no connection."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    with server:
+        yield server.getsockname()[1], server
+
+
+def _refused_urls(port: int) -> list[str]:
+    return [
+        f"https://127.0.0.1:{port}/",
+        f"https://localhost:{port}/",  # a name that resolves to loopback
+        f"https://{socket.gethostname()}:{port}/",  # this host's own name (loopback or its own address)
+        f"https://[::1]:{port}/",
+        f"https://[::ffff:127.0.0.1]:{port}/",
+        f"http://127.0.0.1:{port}/",  # a plain proxy request, not a tunnel
+        "https://169.254.169.254/",  # cloud metadata
+        "https://10.0.0.1/",  # a private network
+        "https://no-such-host.invalid/",  # what keyveil cannot resolve it cannot check
+    ]
+
+
+def test_through_keyveil_a_sandbox_cannot_reach_the_host_or_private_networks(kvi, routed, up, host_service, tmp_path):
+    port, server = host_service
+    urls = _refused_urls(port)
+    r = run(kvi, "--", sys.executable, "-c", VIA_PROXY, *(json.dumps([u]) for u in urls), cwd=tmp_path)
+    assert r.returncode == 0, r.err
+    seen = json.loads(r.out)
+    for url in urls:
+        plain = url.startswith("http:")
+        # refused at the CONNECT (421), or as the answer to the plain request
+        expected = {"connect": "000" if plain else "421", "status": "421" if plain else "000", "block": ["host_mismatch"]}
+        assert {k: seen[url][k] for k in expected} == expected, url
+    body = json.loads(seen[f"http://127.0.0.1:{port}/"]["body"])["error"]
+    assert body["code"] == "host_mismatch"
+    assert f"to 127.0.0.1:{port}: a loopback address" in body["message"]
+    assert f'add "127.0.0.1:{port}" to policy.isolated_local_hosts in rules.yaml' in body["message"]
+    assert up.requests == []  # nothing was forwarded (the test proxy routes every connection to the upstream)
+    with pytest.raises(BlockingIOError):
+        server.accept()
+    deadline = time.monotonic() + 10  # the audit log is flushed twice a second
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for p in (kvi.home / "audit").glob("*") for line in p.read_text().splitlines()]
+        hosts = {(e["host"], e["code"]) for e in lines if e["action"] == "blocked"}
+        if ("169.254.169.254", "host_mismatch") in hosts:
+            break
+        time.sleep(0.2)
+    assert {("127.0.0.1", "host_mismatch"), ("localhost", "host_mismatch"), ("169.254.169.254", "host_mismatch")} <= hosts
+
+
+def test_outside_a_sandbox_the_same_requests_are_not_refused(kvi, routed, up, host_service, tmp_path):
+    # The control: keyveil refuses these only to a sandbox (a client outside can connect anyway).
+    port, _ = host_service
+    url = f"https://127.0.0.1:{port}/echo"
+    r = run(kvi, "--", sys.executable, "-c", VIA_PROXY, json.dumps([url]), cwd=tmp_path, isolate=False)
+    assert r.returncode == 0, r.err
+    assert json.loads(r.out)[url]["status"] == "200"
+    assert len(up.requests) == 1
+
+
+def test_a_sandbox_reaches_a_local_host_that_a_binding_or_the_policy_names(kvi, routed, up, tmp_path):
+    bound = f"https://127.0.0.1:{up.tls_port}/echo"  # local/svc is bound to it
+    listed = f"http://localhost:{up.plain_port}/echo"  # policy.isolated_local_hosts
+    args = [json.dumps([bound, "X-Svc: {{secret:local/svc}}"]), json.dumps([listed])]
+    r = run(kvi, "--", sys.executable, "-c", VIA_PROXY, *args, cwd=tmp_path)
+    assert r.returncode == 0, r.err
+    seen = json.loads(r.out)
+    assert (seen[bound]["status"], seen[listed]["status"]) == ("200", "200"), seen
+    first, second = up.requests
+    assert first.header("x-svc") == kvi.values["local/svc"].decode()  # injected: the binding holds
+    assert second.path == "/echo"
+    assert kvi.values["local/svc"].decode() not in r.out
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "127.1.2.3", "::1", "0.0.0.0", "::", "169.254.169.254", "fe80::1", "10.1.2.3", "172.16.0.1",
+     "192.168.1.1", "100.64.0.1", "fd00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "224.0.0.1", "192.0.2.1"],
+)  # fmt: skip
+def test_addresses_a_sandbox_may_not_reach(address):
+    from keyveil.adapter import _destinations
+
+    assert _destinations.refusal(ipaddress.ip_address(address), this_host=lambda a: False) is not None
+
+
+def test_public_addresses_are_reached_unless_they_are_this_host():
+    from keyveil.adapter import _destinations
+
+    for public in ("8.8.8.8", "2606:4700:4700::1111"):
+        assert _destinations.refusal(ipaddress.ip_address(public), this_host=lambda a: False) is None
+        assert "an address of this host" in _destinations.refusal(ipaddress.ip_address(public), this_host=lambda a: True)
+    assert _destinations.is_this_host(ipaddress.ip_address("127.0.0.1"))
+    assert not _destinations.is_this_host(ipaddress.ip_address("203.0.113.77"))  # TEST-NET-3: assigned to no host
+
+
+def test_isolated_local_hosts_takes_host_patterns_only(kvi, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text('version: 1\npolicy:\n  isolated_local_hosts: ["*"]\n')
+    r = keyveil(kvi.env, "rules", "check", str(rules))
+    assert r.returncode == 1
+    assert f"{rules}:3: policy.isolated_local_hosts" in r.stderr.decode()
 
 
 # --- the vault and the CA key are not readable -----------------------------------------------
@@ -734,7 +871,12 @@ import os, socket, urllib.parse, sys
 u = urllib.parse.urlparse(os.environ["HTTP_PROXY"])
 s = socket.create_connection((u.hostname, u.port), timeout=10)
 s.sendall(f"GET http://127.0.0.1:{sys.argv[1]}/ HTTP/1.1\r\nHost: 127.0.0.1:{sys.argv[1]}\r\n\r\n".encode())
-print(s.recv(64).split()[1].decode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(4096)
+lines = head.decode().split("\r\n")
+block = [l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("x-keyveil-block:")]
+print(lines[0].split()[1], *block)
 """
 
 
@@ -747,8 +889,8 @@ def test_with_a_private_proxy_the_proxy_is_reachable_and_gone_afterwards(tmp_pat
         closed = s.getsockname()[1]
     r = run(setup, "--", sys.executable, "-c", PROXY_STATUS, str(closed), cwd=tmp_path, timeout=80)
     assert r.returncode == 0, r.err
-    # 502: the private proxy, outside, took the request and found nothing listening there
-    assert r.out.strip() == "502"
+    # The private proxy, outside, took the request, and refused the sandbox the host's loopback.
+    assert r.out.strip() == "421 host_mismatch"
     still = []
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError):
@@ -1137,7 +1279,7 @@ def test_as_an_unprivileged_user(unprivileged, upstream, up):
 
     kernel_allows = as_user("unshare", "--user", "true").returncode == 0
     assert as_user(sys.executable, "-m", "keyveil", "init").returncode == 0
-    (home / "config" / "rules.yaml").write_text(RULES.replace("{max_body}", "1048576"))
+    (home / "config" / "rules.yaml").write_text(_rules_for(upstream).replace("{max_body}", "1048576"))
     assert as_user(sys.executable, "-m", "keyveil", "secret", "set", "github/pat", stdin=pat.encode()).returncode == 0
     up.set_git_credentials("x-access-token", pat)
     mitmdump = base / "mitmdump-as-user.sh"

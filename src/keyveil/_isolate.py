@@ -19,6 +19,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import select
@@ -50,6 +51,12 @@ _PASSED_ON = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, s
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, *_PASSED_ON)
 
 DOCS = "docs/isolation.md"
+
+# The loopback address the bridge connects to the proxy from: the proxy knows
+# a sandbox's flows by it, and checks where they go (adapter/_destinations.py).
+# Every connection out of a sandbox comes through the bridge, so none can
+# avoid it; a process outside that uses it only restricts itself.
+SANDBOX_SOURCE = "127.75.86.1"
 
 
 class IsolationError(KeyveilError):
@@ -433,11 +440,40 @@ def run_isolated(
     IsolationError (CMD not run) when the sandbox cannot be set up.
     """
     bwrap = find_bwrap(env, command)
+    _check_bridge(command, proxy)
     if plan is None:
         plan = plan_mounts(home, [], env, cwd)
     sandbox = Sandbox(bwrap, plan, command, sandbox_env(env), proxy, quiet=quiet, stdin=stdin, stdout=stdout)
     sandbox.start()
     return sandbox.serve()
+
+
+def _check_bridge(command: Sequence[str], proxy: Endpoint) -> None:
+    """The bridge can reach PROXY from SANDBOX_SOURCE, so that the proxy knows the sandbox's flows."""
+    if not is_ipv4_loopback(proxy.host):
+        raise _refuse(
+            command,
+            f"the proxy listens on {proxy.host}, and a sandbox's proxy must be on an IPv4 loopback address",
+            "start it with `keyveil start --listen 127.0.0.1:PORT`, or stop it so that keyveil run starts its own",
+        )
+    try:
+        with socket.socket(socket.AF_INET) as s:
+            s.bind((SANDBOX_SOURCE, 0))
+    except OSError as e:
+        raise _refuse(
+            command,
+            f"the loopback address {SANDBOX_SOURCE}, from which the sandbox's connections reach the proxy, "
+            f"cannot be used here ({e.strerror})",
+            "give the loopback interface all of 127.0.0.0/8 (`sudo ip addr add 127.0.0.1/8 dev lo`)",
+        ) from None
+
+
+def is_ipv4_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == 4 and address.is_loopback
 
 
 class Sandbox:
@@ -776,11 +812,12 @@ class Sandbox:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _bridge(self, loop: asyncio.AbstractEventLoop, client: socket.socket) -> None:
-        upstream = socket.socket(socket.AF_INET6 if ":" in self.proxy.host else socket.AF_INET)
+        upstream = socket.socket(socket.AF_INET)
         with client, upstream:
             client.setblocking(False)
             upstream.setblocking(False)
             try:
+                upstream.bind((SANDBOX_SOURCE, 0))  # how the proxy knows a sandbox's flows
                 await loop.sock_connect(upstream, (self.proxy.host, self.proxy.port))
             except OSError:
                 return  # the client sees its connection closed, as with a proxy that is down
