@@ -14,6 +14,7 @@ Codex by npm into a cache directory. Values are generated per run.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import fcntl
@@ -36,6 +37,7 @@ import tempfile
 import termios
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import quote
 
 import pytest
@@ -506,6 +508,47 @@ def test_public_addresses_are_reached_unless_they_are_this_host():
         assert "an address of this host" in _destinations.refusal(ipaddress.ip_address(public), this_host=lambda a: True)
     assert _destinations.is_this_host(ipaddress.ip_address("127.0.0.1"))
     assert not _destinations.is_this_host(ipaddress.ip_address("203.0.113.77"))  # TEST-NET-3: assigned to no host
+
+
+def test_the_server_connection_goes_to_the_address_that_was_checked():
+    # DNS rebinding: the name is resolved once, at the CONNECT; a second answer
+    # (loopback) never matters, as mitmproxy is given the checked address.
+    from mitmproxy import connection
+    from mitmproxy.proxy import server_hooks
+    from mitmproxy.test import tflow
+
+    from keyveil._rules import parse_rules
+    from keyveil.adapter import _destinations
+
+    blocks = []
+    addon = SimpleNamespace(
+        engine=SimpleNamespace(rules=parse_rules("version: 1\n", "rules.yaml")),
+        outputs=SimpleNamespace(block=lambda flow, block, phase: blocks.append(block)),
+    )
+    destinations = _destinations.Destinations(addon)
+    answers = iter([["93.184.215.14"], ["127.0.0.1"]])
+
+    async def resolve(host, port):
+        return [ipaddress.ip_address(a) for a in next(answers)]
+
+    destinations.resolve = resolve
+    flow = tflow.tflow()
+    flow.request.host, flow.request.port = "rebind.example", 443
+    flow.client_conn.peername = (_isolate.SANDBOX_SOURCE, 40000)
+    asyncio.run(destinations.http_connect(flow))
+    assert blocks == []
+    server = connection.Server(address=("rebind.example", 443))
+    destinations.server_connect(server_hooks.ServerConnectionHookData(server=server, client=flow.client_conn))
+    assert (server.address, server.sni, server.error) == (("93.184.215.14", 443), "rebind.example", None)
+    # a connection to a destination that was never checked is refused
+    other = connection.Server(address=("other.example", 443))
+    destinations.server_connect(server_hooks.ServerConnectionHookData(server=other, client=flow.client_conn))
+    assert other.error and other.address == ("other.example", 443)
+    # and a client outside a sandbox is left alone
+    flow.client_conn.peername = ("127.0.0.1", 40001)
+    outside = connection.Server(address=("other.example", 443))
+    destinations.server_connect(server_hooks.ServerConnectionHookData(server=outside, client=flow.client_conn))
+    assert (outside.address, outside.error) == (("other.example", 443), None)
 
 
 def test_isolated_local_hosts_takes_host_patterns_only(kvi, tmp_path):

@@ -108,6 +108,12 @@ def refused(host: str, port: int, default_port: int, why: str, address: str | No
     )
 
 
+async def resolve(host: str, port: int) -> list[Address]:
+    """Every address HOST resolves to now (OSError, TimeoutError or ValueError when none)."""
+    infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT)
+    return [ipaddress.ip_address(info[4][0].partition("%")[0]) for info in infos]
+
+
 # -- the hooks ----------------------------------------------------------------------------------------
 
 
@@ -124,6 +130,7 @@ class Destinations:
         self._checked: dict[str, dict[tuple[str, int], str]] = {}
         self._original: dict[str, tuple] = {}  # server connection id → the address it was asked for
         self._allowed: tuple[object, HostSet] | None = None
+        self.resolve = resolve
 
     def _allowed_hosts(self) -> HostSet:
         rules = self.addon.engine.rules
@@ -151,10 +158,7 @@ class Destinations:
             addresses = [literal]
         else:
             try:
-                infos = await asyncio.wait_for(
-                    asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT
-                )
-                addresses = [ipaddress.ip_address(info[4][0].partition("%")[0]) for info in infos]
+                addresses = await self.resolve(host, port)
             except (OSError, asyncio.TimeoutError, ValueError) as e:
                 why = getattr(e, "strerror", None) or "no answer in time"
                 block = refused(host, port, default_port, f"its name could not be resolved ({why}), and keyveil connects a sandbox only to addresses it checked")
