@@ -28,7 +28,7 @@ import errno
 import ipaddress
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Union
 
 from mitmproxy import http
@@ -142,6 +142,14 @@ class Destinations:
 
     async def _check(self, flow: http.HTTPFlow, host: str, port: int, default_port: int, phase: str) -> None:
         """Allow HOST:PORT for FLOW's client connection, or answer FLOW with the refusal."""
+        try:
+            await self._decide(flow, host, port, default_port, phase)
+        except Exception as e:  # noqa: BLE001 - mitmproxy would log it and go on: refuse instead
+            log.error("keyveil: the destination check failed (%s); the flow is blocked", type(e).__name__)
+            block = Block("internal_error", "keyveil could not check where this sandbox's request goes; it was not forwarded")
+            self.addon.outputs.block(flow, block, phase)
+
+    async def _decide(self, flow: http.HTTPFlow, host: str, port: int, default_port: int, phase: str) -> None:
         checked = self._checked.setdefault(flow.client_conn.id, {})
         if (host, port) in checked:
             return
@@ -160,9 +168,12 @@ class Destinations:
             try:
                 addresses = await self.resolve(host, port)
             except (OSError, asyncio.TimeoutError, ValueError) as e:
-                why = getattr(e, "strerror", None) or "no answer in time"
-                block = refused(host, port, default_port, f"its name could not be resolved ({why}), and keyveil connects a sandbox only to addresses it checked")
-                self.addon.outputs.block(flow, block, phase)
+                if isinstance(e, ValueError):
+                    why = "an answer that is no address"
+                else:
+                    why = e.strerror or "no answer in time"
+                because = f"its name could not be resolved ({why}), and keyveil connects a sandbox only to addresses it checked"
+                self.addon.outputs.block(flow, refused(host, port, default_port, because), phase)
                 return
         for address in addresses:
             why = refusal(address)
@@ -174,27 +185,38 @@ class Destinations:
             return
         checked[(host, port)] = _ALLOWED if literal is not None else str(addresses[0])
 
-    async def http_connect(self, flow: http.HTTPFlow) -> None:
+    # Plain functions that return the check's coroutine only for a sandbox's
+    # flows: mitmproxy awaits what a hook returns, and every other flow goes
+    # on as if this addon were not there.
+
+    def http_connect(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         if flow.response or flow.error or not is_sandbox(flow.client_conn.peername):
-            return
+            return None
         try:
             host = normalize_host(flow.request.host)
         except ValueError:
-            return  # Keyveil answered it already
-        await self._check(flow, host, flow.request.port, 443, "http_connect")
+            return None  # Keyveil answered it already
+        return self._check(flow, host, flow.request.port, 443, "http_connect")
 
-    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         # A request in a checked tunnel names the tunnel's host (Keyveil refuses
         # any other): found in _checked. A plain proxy request is checked here.
         if flow.response or flow.error or not flow.live or not is_sandbox(flow.client_conn.peername):
-            return
+            return None
         meta = flow.metadata.get(META) or {}
         if "host" not in meta:
-            return
+            return None
         default = 443 if flow.request.scheme in ("https", "wss") else 80
-        await self._check(flow, meta["host"], meta["port"], default, "requestheaders")
+        return self._check(flow, meta["host"], meta["port"], default, "requestheaders")
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            self._pin(data)
+        except Exception as e:  # noqa: BLE001 - mitmproxy would log it and connect: refuse instead
+            log.error("keyveil: the destination check failed (%s); the connection is refused", type(e).__name__)
+            data.server.error = "keyveil: the destination check failed"
+
+    def _pin(self, data: server_hooks.ServerConnectionHookData) -> None:
         server = data.server
         if server.address is None or server.via is not None or not is_sandbox(data.client.peername):
             return
