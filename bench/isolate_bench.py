@@ -122,7 +122,7 @@ def startup(workdir: Path, n: int) -> list[Row]:
         plan = _isolate.plan_mounts(Home(home), [], env, workdir)
         sandbox = [bwrap, *_isolate._NAMESPACES, "--cap-drop", "ALL", "--die-with-parent", "--new-session", *plan.args, "--", "true"]
         parts = _alternated(
-            {"bwrap": sandbox, "helper": [sys.executable, "-I", "-S", "-c", "import array, os, sys, _socket"]}, env, workdir, n
+            {"bwrap": sandbox, "helper": [_isolate.helper_python()[0], "-I", "-S", "-c", "import array, os, sys, _socket"]}, env, workdir, n
         )
     finally:
         proxy.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import select
@@ -50,6 +51,12 @@ _PASSED_ON = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, s
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, *_PASSED_ON)
 
 DOCS = "docs/isolation.md"
+
+# The loopback address the bridge connects to the proxy from: the proxy knows
+# a sandbox's flows by it, and checks where they go (adapter/_destinations.py).
+# Every connection out of a sandbox comes through the bridge, so none can
+# avoid it; a process outside that uses it only restricts itself.
+SANDBOX_SOURCE = "127.75.86.1"
 
 
 class IsolationError(KeyveilError):
@@ -142,6 +149,7 @@ class Plan:
     args: tuple[str, ...]
     cwd: Path
     must_be_hidden: tuple[Path, ...]
+    private: tuple[Path, ...] = ()  # the areas the sandbox has its own, empty copy of
 
 
 def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], cwd: Path | None = None) -> Plan:
@@ -224,9 +232,13 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
         args += _hide(sock)
     if any(_inside(cwd, area) and cwd != area for area in private):
         args += ["--bind", str(cwd), str(cwd)]
-    # keyveil's own interpreter (a venv under /tmp, say) must stay visible:
-    # the sandbox helper runs on it.
-    for own in {Path(sys.prefix), Path(os.path.realpath(sys.executable)).parent}:
+    # The helper runs on the base interpreter with -I -S: it needs neither the
+    # venv nor the checkout, so a keyveil installed under /tmp (CI clones there)
+    # shows nothing of itself. Only a Python *installed* under a private area
+    # is shown, read-only, at its own path (its libraries are found by absolute
+    # paths, so it cannot move); CMD gets what it needs from --ro / --rw.
+    python, installation = helper_python()
+    for own in dict.fromkeys((installation, Path(python).parent)):
         if any(_inside(own, area) and own != area for area in private) and not _inside(own, root):
             args += ["--ro-bind", str(own), str(own)]
     args += inside
@@ -237,7 +249,7 @@ def plan_mounts(home: Home, rules: Sequence[PathRule], env: Mapping[str, str], c
             args += ["--ro-bind", real, str(root / visible.relative_to(home.root))]
     args += ["--chdir", str(cwd)]
     must_be_hidden = (root / "vault", root / "config", root / "certs" / "mitmproxy-ca.pem", root / "certs" / "mitmproxy-ca.p12")
-    return Plan(tuple(args), cwd, must_be_hidden)
+    return Plan(tuple(args), cwd, must_be_hidden, tuple(private))
 
 
 def _hide(path: Path) -> list[str]:
@@ -385,6 +397,17 @@ except OSError as e:
     os._exit(127)
 """
 
+def helper_python() -> tuple[str, Path]:
+    """The interpreter the sandbox helper runs on, and the installation it needs.
+
+    The base interpreter at its real path, never a venv's: with -I -S the
+    helper reads nothing but the standard library (a venv's python is a link,
+    or with --copies a copy, that looks for its pyvenv.cfg beside it).
+    """
+    exe = Path(os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable))
+    return str(exe), Path(os.path.realpath(sys.base_prefix))
+
+
 _NAMESPACES = ("--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 
 
@@ -417,11 +440,40 @@ def run_isolated(
     IsolationError (CMD not run) when the sandbox cannot be set up.
     """
     bwrap = find_bwrap(env, command)
+    _check_bridge(command, proxy)
     if plan is None:
         plan = plan_mounts(home, [], env, cwd)
     sandbox = Sandbox(bwrap, plan, command, sandbox_env(env), proxy, quiet=quiet, stdin=stdin, stdout=stdout)
     sandbox.start()
     return sandbox.serve()
+
+
+def _check_bridge(command: Sequence[str], proxy: Endpoint) -> None:
+    """The bridge can reach PROXY from SANDBOX_SOURCE, so that the proxy knows the sandbox's flows."""
+    if not is_ipv4_loopback(proxy.host):
+        raise _refuse(
+            command,
+            f"the proxy listens on {proxy.host}, and a sandbox's proxy must be on an IPv4 loopback address",
+            "start it with `keyveil start --listen 127.0.0.1:PORT`, or stop it so that keyveil run starts its own",
+        )
+    try:
+        with socket.socket(socket.AF_INET) as s:
+            s.bind((SANDBOX_SOURCE, 0))
+    except OSError as e:
+        raise _refuse(
+            command,
+            f"the loopback address {SANDBOX_SOURCE}, from which the sandbox's connections reach the proxy, "
+            f"cannot be used here ({e.strerror})",
+            "give the loopback interface all of 127.0.0.0/8 (`sudo ip addr add 127.0.0.1/8 dev lo`)",
+        ) from None
+
+
+def is_ipv4_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == 4 and address.is_loopback
 
 
 class Sandbox:
@@ -469,7 +521,7 @@ class Sandbox:
             "--info-fd", str(info_w),
             *self.plan.args,
             "--",
-            sys.executable, "-I", "-S", "-c", _HELPER, *helper_args, *self.command,
+            helper_python()[0], "-I", "-S", "-c", _HELPER, *helper_args, *self.command,
         ]  # fmt: skip
         try:
             self.proc = subprocess.Popen(
@@ -541,7 +593,7 @@ class Sandbox:
             errno_text, _, reason = text.partition(" ")
             self._wait_gone()
             if errno_text == "2":
-                return UsageError(f"command not found in the sandbox: {self.command[0]}")
+                return UsageError(f"command not found in the sandbox: {self.command[0]}{self._private_hint()}")
             return UsageError(f"cannot run {self.command[0]} in the sandbox: {reason}")
         if tag == b"H":
             return _refuse(self.command, f"the sandbox still shows {text}, which it must hide", f"report this as a keyveil bug; see {DOCS}")
@@ -554,6 +606,20 @@ class Sandbox:
                 self.command, f"the proxy's address 127.0.0.1:{self.proxy.port} could not be bound in the sandbox ({text})", f"see {DOCS}"
             )
         return self._setup_failed()
+
+    def _private_hint(self) -> str:
+        """Why CMD, found outside, is not in the sandbox: it lies in a private area."""
+        found = shutil.which(self.command[0], path=self.env.get("PATH", os.defpath))
+        if found is None:
+            return ""
+        seen = (Path(os.path.abspath(found)), Path(os.path.realpath(found)))
+        where, area = next(((w, a) for w in seen for a in self.plan.private if _inside(w, a)), (None, None))
+        if area is None:
+            return ""
+        return (
+            f" ({where} lies under {area}, of which the sandbox has its own, empty copy: "
+            "show what it needs with --ro PATH, for a venv's python the venv)"
+        )
 
     def _setup_failed(self, what: str | None = None) -> IsolationError:
         """The sandbox never reached CMD: say why, from bubblewrap's own words."""
@@ -746,11 +812,12 @@ class Sandbox:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _bridge(self, loop: asyncio.AbstractEventLoop, client: socket.socket) -> None:
-        upstream = socket.socket(socket.AF_INET6 if ":" in self.proxy.host else socket.AF_INET)
+        upstream = socket.socket(socket.AF_INET)
         with client, upstream:
             client.setblocking(False)
             upstream.setblocking(False)
             try:
+                upstream.bind((SANDBOX_SOURCE, 0))  # how the proxy knows a sandbox's flows
                 await loop.sock_connect(upstream, (self.proxy.host, self.proxy.port))
             except OSError:
                 return  # the client sees its connection closed, as with a proxy that is down
@@ -848,7 +915,7 @@ def check(home: Home, env: Mapping[str, str] | None = None) -> tuple[bool, str, 
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
         port = fake_proxy.getsockname()[1]
-        probe = [sys.executable, "-I", "-S", "-c", _PROBE, str(port), str(host_service.getsockname()[1]), str(home.vault)]
+        probe = [helper_python()[0], "-I", "-S", "-c", _PROBE, str(port), str(host_service.getsockname()[1]), str(home.vault)]
         with tempfile.TemporaryFile() as out, open(os.devnull, "rb") as devnull:
             try:
                 rc = run_isolated(

@@ -186,6 +186,9 @@ class Policy(_Model):
     max_body_bytes: int = Field(default=67108864, gt=0)
     # true: `keyveil run` refuses to run CMD without --isolate (for teams that want containment always)
     require_isolation: bool = False
+    # Destinations on this host or a private network (loopback, link-local, RFC 1918, the host's own
+    # addresses) that a sandbox of `keyveil run --isolate` may reach through keyveil (docs/isolation.md).
+    isolated_local_hosts: list[HostPatternField] = []
 
 
 class Providers(_Model):

@@ -333,6 +333,13 @@ def cmd_run(args) -> int:
             raise UsageError("--ro, --rw and --hide shape the sandbox: use them with --isolate")
         _refuse_unless_isolated(home, command)
     url = _running_proxy(home)
+    if url is not None and plan is not None:
+        from urllib.parse import urlsplit
+
+        from . import _isolate
+
+        if not _isolate.is_ipv4_loopback(urlsplit(url).hostname or ""):
+            url = None  # the sandbox bridge reaches a proxy on IPv4 loopback only: start one there
     proxy_pid = _running_proxy_pid(home) if url else None
     private = None
     if url is None:

@@ -29,6 +29,7 @@ from .._pipeline import Block, Engine
 from .._rules import load_rules
 from ..vault import VaultWatcher, open_vault
 from . import _websockets
+from ._destinations import Destinations
 from ._guard import Blocked, close_connections
 from ._outputs import Outputs, unsealed_block_response
 from ._requests import RequestPhase
@@ -111,6 +112,9 @@ class Keyveil:
         self.responses = ResponsePhase(self)
         self.websockets = WebSocketPhase(self)
         _websockets.use_sealer(lambda: self.engine.sealer if self.engine is not None else None)
+        # Where a sandbox of `keyveil run --isolate` may go (_destinations): a
+        # child addon, so its hooks run right after these, on flows not yet refused.
+        self.addons = [Destinations(self)]
 
     # -- options and loading ---------------------------------------------------
 
