@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections import Counter
 from collections.abc import Callable, Container, Mapping
 from urllib.parse import quote, quote_plus
 
-from ._references import field_nesting, find_references_layered, json_nesting
+from ._references import (
+    field_nesting,
+    find_references_layered,
+    json_nesting,
+    json_string,
+)
 
 Encoder = Callable[[bytes], bytes]
 
@@ -45,12 +49,7 @@ def for_form(value: bytes) -> bytes:
     return quote_plus(value, safe="").encode("ascii")
 
 
-def for_json(value: bytes) -> bytes:
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError("the value is not UTF-8 text, which a JSON string cannot carry") from None
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+for_json = json_string
 
 
 def for_raw(value: bytes) -> bytes:

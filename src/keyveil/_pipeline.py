@@ -18,7 +18,17 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from ._engine import Sealer
-from ._inject import InjectError, for_form, for_header, for_json, for_raw, for_url, inject, inject_basic, split_basic
+from ._inject import (
+    InjectError,
+    for_form,
+    for_header,
+    for_json,
+    for_raw,
+    for_url,
+    inject,
+    inject_basic,
+    split_basic,
+)
 from ._references import find_references_layered, format_reference, may_hold_reference
 from ._rules import CompiledRules
 from .vault import VaultSnapshot

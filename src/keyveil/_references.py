@@ -197,13 +197,14 @@ def field_nesting(raw: bytes, start: int) -> int:
 def _json_strings(times: int) -> Callable[[bytes], bytes]:
     def write(value: bytes) -> bytes:
         for _ in range(times):
-            value = _json_string(value)
+            value = json_string(value)
         return value
 
     return write
 
 
-def _json_string(value: bytes) -> bytes:
+def json_string(value: bytes) -> bytes:
+    """VALUE written inside a JSON string (UTF-8 text only, ValueError otherwise)."""
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
