@@ -1,0 +1,149 @@
+"""Values nobody registered, found in a request and remembered as ``detected/KIND-ID`` (SPEC §3a).
+
+The detector (``_detect``) reads one buffer; a request carries a token in many
+forms (a JSON string with ``\\/`` and ``\\u`` escapes, percent-encoding, base64
+of Basic credentials, two of those at once). ``RequestDetector.find`` runs the
+detector once over each part of a request and over every decoded view of it
+that could hold a token, and names each value found with its keyed ID. Once
+found, a value is sealed by the ordinary sealer like a registered one, in
+every form of SPEC §3: finding it once, in any view, is enough.
+
+The key of the IDs lives beside the vault key material (``HOME/vault/
+detection-key``, mode 0600), created once per home and never rotated, so IDs
+stay the same across restarts (the agent's history keeps its references).
+
+This module is pure but for reading and creating that key file, and never puts
+a value in a message, a log line or a repr: only names and kinds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote_to_bytes
+
+from ._detect import Detector, detected_name
+from ._errors import VaultError
+from ._views import Base64View, base64_runs, json_unescape
+
+#: every detected value is named under this prefix; such a name is never bound
+DETECTED_PREFIX = "detected/"
+KEY_BYTES = 32
+#: decoded layers looked into below a part (SPEC §3 asks for two)
+MAX_DEPTH = 2
+#: the shortest base64 run that can hold a token: base64 of 16 characters and a `user:` prefix is 28
+MIN_RUN = 24
+_SHORT_RUN = 512  # a run up to this long is decoded from each of its four offsets (a prefix may shift it)
+
+
+def is_detected(name: str) -> bool:
+    return name.startswith(DETECTED_PREFIX)
+
+
+def detection_key(vault_dir: Path) -> bytes:
+    """The per-home key of detected IDs, created (0600, never overwritten) on first use."""
+    path = Path(vault_dir) / "detection-key"
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        key = os.urandom(KEY_BYTES)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another keyveil process made it meanwhile: use that one
+            return detection_key(vault_dir)
+        except OSError as e:
+            raise VaultError(f"cannot create the detection key {path}: {e.strerror}; check the vault folder's owner and mode") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
+        return key
+    except OSError as e:
+        raise VaultError(f"cannot read the detection key {path}: {e.strerror}; check its owner and mode") from None
+    if len(key) != KEY_BYTES:
+        raise VaultError(
+            f"the detection key {path} is corrupt (not {KEY_BYTES} bytes): restore it from a backup, or "
+            "remove it (every detected reference then gets a new ID)"
+        )
+    return key
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Found:
+    """One value found in a request: its name, its kind, the value."""
+
+    name: str
+    kind: str
+    value: bytes
+
+    def __repr__(self) -> str:
+        return f"Found({self.name!r}, <{len(self.value)} bytes>)"
+
+    __str__ = __repr__
+
+
+class RequestDetector:
+    """The detector, the key of IDs and the views of a request, together. Build once per home."""
+
+    def __init__(self, detector: Detector, key: bytes) -> None:
+        self.detector = detector
+        self._key = key
+
+    def name(self, kind: str, value: bytes) -> str:
+        return detected_name(kind, value, self._key)
+
+    def find(self, parts: Iterable[bytes], known: frozenset[bytes] | set[bytes] = frozenset()) -> list[Found]:
+        """Every value found in PARTS or their decoded views and not in KNOWN, once each, in order. Never capped."""
+        seen: dict[bytes, Found] = {}
+        for part in parts:
+            if not part:
+                continue
+            for view in views(part):
+                for d in self.detector.find(view):
+                    if d.value not in seen and d.value not in known:
+                        seen[d.value] = Found(self.name(d.kind, d.value), d.kind, d.value)
+        return list(seen.values())
+
+
+def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
+    """DATA, then every decoded view of it that may hold a token, MAX_DEPTH layers down.
+
+    JSON escapes decoded where a backslash occurs, percent-escapes (and `+` as
+    a space) where a `%` occurs, and every base64 run long enough for a token
+    that decodes to text: a run that decodes to binary (an image, a hash, a
+    word misread as base64) holds no token text and is not looked into.
+    """
+    yield data
+    if depth >= MAX_DEPTH:
+        return
+    if b"\\" in data:
+        decoded = json_unescape(data)
+        if decoded != data:
+            yield from views(decoded, depth + 1)
+    if b"%" in data:
+        decoded = unquote_to_bytes(data)
+        if decoded != data:
+            yield from views(decoded, depth + 1)
+        if b"+" in data:
+            spaced = unquote_to_bytes(data.replace(b"+", b" "))
+            if spaced != decoded:
+                yield from views(spaced, depth + 1)
+    if len(data) >= MIN_RUN:
+        for run in base64_runs(data, MIN_RUN):
+            offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
+            for align in offsets:
+                decoded = Base64View(data, run, align).data
+                if _textual(decoded):
+                    yield from views(decoded, depth + 1)
+
+
+def _textual(data: bytes) -> bool:
+    # Token text is printable ASCII; random bytes (a misaligned decode, an
+    # image) are not, at C speed. A few bytes of a misaligned head are allowed.
+    if len(data) < 12:
+        return False
+    head = data[:64]
+    return head[4:].isascii() and sum(1 for b in head[4:] if 32 <= b < 127 or b in (9, 10, 13)) >= 0.9 * len(head[4:])
