@@ -18,7 +18,9 @@ a value in a message, a log line or a repr: only names and kinds.
 
 from __future__ import annotations
 
+import binascii
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,41 +111,97 @@ class RequestDetector:
 
 
 def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
-    """DATA, then every decoded view of it that may hold a token, MAX_DEPTH layers down.
+    """DATA, then the decoded views of it that may hold a token the raw bytes hide, MAX_DEPTH layers down.
 
-    JSON escapes decoded where a backslash occurs, percent-escapes (and `+` as
-    a space) where a `%` occurs, and every base64 run long enough for a token
-    that decodes to text: a run that decodes to binary (an image, a hash, a
-    word misread as base64) holds no token text and is not looked into.
+    A view is built only where an escape could cut or hide a token, so that a
+    body without such escapes costs one scan (SPEC §3 forms; the sealer, once
+    it knows the value, seals every form exactly):
+
+    - JSON: where an escape can be inside a token -- ``\\/`` (a `/` of a base64
+      token, a webhook path), ``\\u`` escapes of ASCII letters and digits, and a
+      PEM block whose line breaks are ``\\n``. Plain ``\\n`` and ``\\"`` between
+      tokens need no view: the detector takes them as boundaries;
+    - percent-encoding: each run of token characters that holds a ``%XX`` escape,
+      decoded on its own (with ``+`` as a space too);
+    - base64: every run long enough for a token whose decoding is text (a run
+      that decodes to binary -- an image, a hash, a word -- holds no token).
     """
     yield data
     if depth >= MAX_DEPTH:
         return
-    if b"\\" in data:
+    if b"\\" in data and (b"\\/" in data or _ascii_escape(data) or (b"-----BEGIN" in data and b"\\n" in data)):
         decoded = json_unescape(data)
         if decoded != data:
             yield from views(decoded, depth + 1)
     if b"%" in data:
-        decoded = unquote_to_bytes(data)
-        if decoded != data:
-            yield from views(decoded, depth + 1)
-        if b"+" in data:
-            spaced = unquote_to_bytes(data.replace(b"+", b" "))
-            if spaced != decoded:
-                yield from views(spaced, depth + 1)
+        pieces = _percent_runs(data)
+        if pieces:
+            yield from views(pieces, depth + 1)
     if len(data) >= MIN_RUN:
         for run in base64_runs(data, MIN_RUN):
             offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
             for align in offsets:
+                if not _textual(_head(data, run, align)):
+                    continue
                 decoded = Base64View(data, run, align).data
                 if _textual(decoded):
                     yield from views(decoded, depth + 1)
 
 
+_ASCII_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|[4-7][0-9a-fA-F])")  # a literal prefix: searched at memchr speed
+
+
+def _ascii_escape(data: bytes) -> bool:
+    """A `\\u` escape of a digit or letter: not `\\\\u0041`, the text of an escape written in a string (source code)."""
+    for m in _ASCII_ESCAPE.finditer(data):
+        at = m.start()
+        slashes = len(data[max(0, at - 16) : at]) - len(data[max(0, at - 16) : at].rstrip(b"\\"))
+        if slashes % 2 == 0:
+            return True
+    return False
+
+
+_PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
+# Bytes a percent-encoded token is written with: unreserved characters, escapes, `+` for a space.
+_URLISH = bytes(1 if (chr(b).isascii() and (chr(b).isalnum() or chr(b) in "%-._~+/=:")) else 0 for b in range(256))
+
+
+def _percent_runs(data: bytes) -> bytes:
+    """Each run of URL characters holding a ``%XX`` escape, decoded (twice when `+` may be a space), one per line."""
+    classes = data.translate(_URLISH)
+    out: list[bytes] = []
+    pos = 0
+    while (m := _PERCENT_ESCAPE.search(data, pos)) is not None:
+        start = classes.rfind(b"\x00", 0, m.start()) + 1
+        end = classes.find(b"\x00", m.end())
+        end = len(data) if end == -1 else end
+        run = data[start:end]
+        out.append(unquote_to_bytes(run))
+        if b"+" in run:
+            out.append(unquote_to_bytes(run.replace(b"+", b" ")))
+        pos = end
+    return b"\n".join(out)
+
+
+def _head(data: bytes, run, align: int) -> bytes:
+    """The first bytes a run decodes to from ALIGN: enough to tell text from binary."""
+    chars = data[run.start + align : min(run.end, run.start + align + 88)].replace(b"\n", b"").replace(b"\r", b"")
+    chars = chars[: len(chars) - len(chars) % 4]
+    if b"-" in chars or b"_" in chars:
+        chars = chars.translate(_URLSAFE)
+    try:
+        return binascii.a2b_base64(chars)
+    except binascii.Error:
+        return b""
+
+
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+
+
 def _textual(data: bytes) -> bool:
-    # Token text is printable ASCII; random bytes (a misaligned decode, an
-    # image) are not, at C speed. A few bytes of a misaligned head are allowed.
-    if len(data) < 12:
-        return False
-    head = data[:64]
-    return head[4:].isascii() and sum(1 for b in head[4:] if 32 <= b < 127 or b in (9, 10, 13)) >= 0.9 * len(head[4:])
+    # Token text is printable ASCII; random bytes (a misaligned decode, an image)
+    # are not: most of them fall outside, at C speed. A tenth may (a misaligned
+    # first group, a non-ASCII letter in a comment).
+    head = data[4:68]
+    return len(data) >= 12 and len(head.translate(None, _TEXT)) <= len(head) // 10
