@@ -120,3 +120,37 @@ def test_engine_seals_detected_values_toward_providers_only_and_adopted_ones_are
     assert out.block is None and out.request.headers == [(b"authorization", b"token " + token.encode())]
     out = adopted.process_request(_req("api.anthropic.com", body))
     assert b"{{secret:github/token}}" in out.request.body
+
+
+def test_a_detection_touching_a_registered_value_is_not_remembered_and_never_hides_it(rd):
+    """Sealed as one span, a detected value overlapping a registered one would take part of it
+    and leave the rest as it was (found by the leak corpus): such a detection is left to the
+    registered value's own seal, and a location holding a registered value is never passed."""
+    rules = parse_rules(RULES, "rules.yaml")
+    registered = samples("github-pat")[0][1].encode()
+    engine = Engine(rules, VaultSnapshot(current={"github/token": registered}))
+    for value, around in (
+        (base64.b64encode(registered), b"API_KEY=" + base64.b64encode(registered)),  # holds it encoded
+        (registered + b"Zq9", b"TOKEN=" + registered + b"Zq9"),  # holds it with more
+        (registered[10:] + b"Zq9", b"k " + registered + b"Zq9"),  # starts inside it
+    ):
+        assert engine.overlaps_registered(value, around), around
+    other = samples("npm-token")[0][1].encode()
+    assert not engine.overlaps_registered(other, b"x " + other + b" y " + registered)
+    # Even if such a value was remembered, it does not hide the registered value, and a
+    # location holding the registered value is not forwarded as it came.
+    shadow = registered + b"Zq9x"
+    (name,) = {f.name for f in rd.find([b"TOKEN=" + shadow])}
+    engine = Engine(rules, VaultSnapshot(current={"github/token": registered}), {name: shadow})
+    assert name not in engine.names
+    out = engine.process_request(_req("api.example.net", b"", [(b"x-api-key", shadow)]))
+    assert registered not in b"".join(v for _, v in out.request.headers) or out.block is not None
+
+
+def test_encoded_text_assigned_to_a_secret_name_is_read_in_its_decoded_view():
+    from keyveil._detect import looks_random
+
+    url = base64.b64encode(b"https://x-access-token:abc@github.com/org/repo").decode()
+    for text in ("%7B%22model%22%3A%22m%22%7D", "ex%70o%72t+G%49T%48U", url):
+        assert not looks_random(text.encode()), text
+    assert looks_random(base64.b64encode(os.urandom(24)))  # base64 of random bytes: random

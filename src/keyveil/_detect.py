@@ -358,6 +358,29 @@ _VOWELS = b"aeiouAEIOU"
 _DOTTED = re.compile(rb"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)+")
 
 
+_PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/_-]+={0,2}")
+_STRUCTURE = re.compile(rb"://|^\s*[{\[]|%[0-9A-Fa-f]{2}")
+
+
+def _encoded_text(value: bytes) -> bool:
+    """VALUE is text written in an encoding: percent-escapes, or base64 of a URL, a JSON document or escaped text.
+
+    Such a value is not random: the text it encodes is (the proxy runs the
+    detector on the decoded views too, where a token inside it is found).
+    """
+    if _PERCENT_ESCAPE.search(value):
+        return True
+    if len(value) < 24 or not _BASE64.fullmatch(value):
+        return False
+    body = value.rstrip(b"=").translate(bytes.maketrans(b"-_", b"+/"))
+    try:
+        decoded = base64.b64decode(body + b"=" * (-len(body) % 4))
+    except ValueError:
+        return False
+    return decoded.isascii() and decoded.decode("ascii").isprintable() and _STRUCTURE.search(decoded) is not None
+
+
 def entropy(value: bytes) -> float:
     """Shannon entropy of VALUE's bytes, in bits per byte."""
     n = len(value)
@@ -431,6 +454,8 @@ def looks_random(value: bytes, min_length: int = 16, min_entropy: float = 2.5) -
     if len(value) < min_length or value.isdigit() or value[:1] == b"$" or b"://" in value:
         return False
     if _DOTTED.fullmatch(value):  # `module.Class.attr`, `auth.example.com`: code and host names
+        return False
+    if _encoded_text(value):  # read in its decoded view, where the detector looks too
         return False
     runs = _LETTER_RUNS.findall(value)
     if not runs:

@@ -80,6 +80,9 @@ class Found:
     name: str
     kind: str
     value: bytes
+    #: the bytes around it in the view it was found in (MARGIN each side): to tell
+    #: whether it overlaps a registered value there
+    around: bytes = b""
 
     def __repr__(self) -> str:
         return f"Found({self.name!r}, <{len(self.value)} bytes>)"
@@ -97,7 +100,7 @@ class RequestDetector:
     def name(self, kind: str, value: bytes) -> str:
         return detected_name(kind, value, self._key)
 
-    def find(self, parts: Iterable[bytes], known: frozenset[bytes] | set[bytes] = frozenset()) -> list[Found]:
+    def find(self, parts: Iterable[bytes], known: frozenset[bytes] | set[bytes] = frozenset(), margin: int = 0) -> list[Found]:
         """Every value found in PARTS or their decoded views and not in KNOWN, once each, in order. Never capped."""
         seen: dict[bytes, Found] = {}
         for part in parts:
@@ -106,7 +109,8 @@ class RequestDetector:
             for view in views(part):
                 for d in self.detector.find(view):
                     if d.value not in seen and d.value not in known:
-                        seen[d.value] = Found(self.name(d.kind, d.value), d.kind, d.value)
+                        around = view[max(0, d.start - margin) : d.end + margin] if margin else b""
+                        seen[d.value] = Found(self.name(d.kind, d.value), d.kind, d.value, around)
         return list(seen.values())
 
 

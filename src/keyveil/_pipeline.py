@@ -181,6 +181,7 @@ class Engine:
     def __init__(self, rules: CompiledRules, snapshot: VaultSnapshot, detected: dict[str, bytes] | None = None) -> None:
         self.rules = rules
         self.policy = rules.rules.policy
+        self._snapshot = snapshot
         self.values = dict(snapshot.current)
         # keyveil.vault: entries the store would not let keyveil read (name -> value-free reason)
         self.unavailable = dict(getattr(snapshot, "unavailable", None) or {})
@@ -189,9 +190,19 @@ class Engine:
         # is also registered under another name (`secret adopt`) is an alias of that
         # name: its reference is injected where that name is bound, and the value
         # seals to that name. Every other one is sealed and scrubbed, never injected.
+        self._registered_sealer: Sealer | None = None
         for name, value in (detected or {}).items():
             self.values.setdefault(name, value)
+        # A detected value that holds a registered value in some form (base64 of it,
+        # the value with more around it) is left out: sealed as one detected span it
+        # would hide that value from the sealer, and be forwarded as it came where a
+        # detected value is (below). The registered value's own seal covers it.
         registered = {v: n for n, v in sorted(self.values.items(), reverse=True) if not is_detected(n)}
+        shadowing = [
+            n for n, v in self.values.items() if is_detected(n) and v not in registered and self.covered(v, snapshot)
+        ]
+        for name in shadowing:
+            del self.values[name]
         self.aliases = {n: registered[v] for n, v in self.values.items() if is_detected(n) and v in registered}
         self.detected_names = frozenset(n for n in self.values if is_detected(n) and n not in self.aliases)
         every = {name: [value] for name, value in self.values.items() if name not in self.aliases}
@@ -329,6 +340,49 @@ class Engine:
 
     # detect: aliases (`secret adopt`) and detected values forwarded as they came
 
+    def _registered(self, snapshot: VaultSnapshot | None = None) -> Sealer:
+        """A sealer of the registered values alone (built on first use)."""
+        if self._registered_sealer is None:
+            source = snapshot if snapshot is not None else self._snapshot
+            every = {n: [v] for n, v in source.current.items() if not is_detected(n)}
+            for n, previous in source.previous.items():
+                if not is_detected(n):
+                    every.setdefault(n, []).extend(previous)
+            self._registered_sealer = Sealer(every)
+        return self._registered_sealer
+
+    def covered(self, value: bytes, snapshot: VaultSnapshot | None = None) -> bool:
+        """True when VALUE holds a registered value in some form, or is one (detection skips it)."""
+        return bool(self._registered(snapshot).find_names(value))
+
+    @property
+    def detection_margin(self) -> int:
+        """Bytes around a detection that may hold a form of a registered value touching it."""
+        return 6 * self._registered().longest + 16  # a \u escape per character is the widest form
+
+    def overlaps_registered(self, value: bytes, around: bytes) -> bool:
+        """True when VALUE, found in AROUND, shares bytes with a form of a registered value there.
+
+        Such a detection is not remembered: sealed as one span, it would take part
+        of the registered value with it and leave the rest as it was."""
+        if self.covered(value):
+            return True
+        result = self._registered().seal(around)
+        return result.changed and value not in result.data
+
+    def _unchanged_by_registered(self, original: Request, location: str) -> bool:
+        """A location forwarded as it came must hold no registered value in any form."""
+        if location == "path":
+            parts = [original.path]
+        elif location == "body":
+            parts = [original.body or b""]
+        elif location == "query" or location.startswith("query:"):
+            parts = [original.query or b""]
+        else:
+            header = location.partition(":")[2].encode("latin-1") if location.startswith("header:") else b"authorization"
+            parts = [v for k, v in original.headers if k.lower() == header]
+        return not any(self._registered().find_names(p) for p in parts if p)
+
     def _with_aliases(self, bindings: dict) -> dict:
         """BINDINGS with each alias of a bound name bound the same way."""
         if not self.aliases:
@@ -346,6 +400,7 @@ class Engine:
         # A location that also held a registered value stays sealed.
         passable -= {loc for loc, name in found if name not in self.detected_names}
         passable.discard("header-name")
+        passable = {loc for loc in passable if self._unchanged_by_registered(original, loc)}
         if not passable:
             return req
         for (loc, name), n in times.items():

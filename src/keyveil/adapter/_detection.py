@@ -48,7 +48,10 @@ class DetectionPhase:
     def _look(self, flow: http.HTTPFlow, engine: Engine, provider: bool, parts: list[bytes]) -> Engine:
         if self.detector is None or engine.policy.detected == "off":
             return engine
-        found = self.detector.find(parts, engine.known_values)
+        found = self.detector.find(parts, engine.known_values, engine.detection_margin)
+        # A token holding or touching a registered value (its base64, the value with
+        # more around it) is that value's business: its own seal covers it.
+        found = [f for f in found if not engine.overlaps_registered(f.value, f.around)]
         if not found:
             return engine
         self.outputs.record(flow, "detected", {f.name: 1 for f in found})
