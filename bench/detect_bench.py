@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))  # the corpus and the token makers are shared with
 from engine_bench import image_body, json_body  # noqa: E402
 
 from keyveil._detect import load_detectors, looks_random, shipped_detector  # noqa: E402
+from keyveil._detected import RequestDetector  # noqa: E402
 from keyveil._engine import Sealer  # noqa: E402
 from tests import detect_corpus  # noqa: E402
 from tests.tokens import ALNUM, B64URL, HEX, MAKERS, UPPER, rnd, samples  # noqa: E402
@@ -205,25 +206,31 @@ def _speed(detector, rng: random.Random, quick: bool) -> list[Row]:
     sealers = {n: Sealer({f"bench/v{i:05d}": [fake_value(rng)] for i in range(n)}) for n in (10, 1000)}
     rows = []
     reps = 10 if quick else 30
+    # What the proxy runs on a provider request: the detector over the body and the
+    # decoded views that may hide a token (keyveil._detected.views).
+    request_detector = RequestDetector(detector, bytes(32))
     for label, body in bodies.items():
         assert detector.find(body) == [], f"the {label} body holds a detection"
         t_det: list[float] = []
+        t_views: list[float] = []
         t_seal: dict[int, list[float]] = {n: [] for n in sealers}
         for _ in range(reps):
             t_det.append(cpu_timed(lambda: detector.find(body)))
+            t_views.append(cpu_timed(lambda: request_detector.find([body])))
             for n, sealer in sealers.items():
                 t_seal[n].append(cpu_timed(lambda: sealer.seal(body)))
-        det = median(t_det)
-        ratio = {n: det / median(t) for n, t in t_seal.items()}
+        det, full = median(t_det), median(t_views)
+        ratio = {n: full / median(t) for n, t in t_seal.items()}
         rows.append(Row(
             SECTION,
             f"detect in a 1 MiB body without secrets ({label}): detection time / seal time (1,000 values)",
             f"{100 * ratio[1000]:.0f}%",
             f"≤ {100 * SPEED_TARGET:.0f}%",
             ratio[1000] <= SPEED_TARGET,
-            f"detector median {fmt_ms(det)} ({len(body) / det / 1e6:.0f} MB/s, n={reps}); Sealer.seal() of the same "
-            f"body, interleaved: 1,000 values {fmt_ms(median(t_seal[1000]))}, 10 values {fmt_ms(median(t_seal[10]))} "
-            f"(detection = {100 * ratio[10]:.0f}% of that)",
+            f"as the proxy runs it (raw bytes and decoded views) median {fmt_ms(full)}, of which the detector on the "
+            f"raw bytes {fmt_ms(det)} ({len(body) / det / 1e6:.0f} MB/s, {100 * det / median(t_seal[1000]):.0f}% of "
+            f"seal time), n={reps}; Sealer.seal() of the same body, interleaved: 1,000 values "
+            f"{fmt_ms(median(t_seal[1000]))}, 10 values {fmt_ms(median(t_seal[10]))} (detection = {100 * ratio[10]:.0f}% of that)",
         ))  # fmt: skip
     return rows
 

@@ -28,7 +28,7 @@ from keyveil._detect import (
 )
 from keyveil._references import REFERENCE_PATTERN, format_reference
 from tests import detect_corpus
-from tests.tokens import ALNUM, B64URL, HEX, MAKERS, UPPER, DIGITS, rnd, samples
+from tests.tokens import ALNUM, B64URL, DIGITS, HEX, LETTERS, MAKERS, UPPER, b64, rnd, samples, seeded_tokens  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ ASSIGNMENTS = [
 
 @pytest.mark.parametrize("form", ASSIGNMENTS)
 def test_assignments_to_secret_looking_names_are_detected(detector, form):
-    for make in (lambda: rnd(32), lambda: rnd(24, HEX), lambda: base64.b64encode(secrets.token_bytes(30)).decode()):
+    for make in (lambda: rnd(32), lambda: rnd(24, HEX), lambda: b64(30)):
         value = make()
         found = _found(detector, form.format(v=value).encode())
         assert found == [("assignment", value.encode())], form
@@ -267,16 +267,66 @@ def test_non_secret_shapes_are_not_detected(detector):
 
 
 def test_the_randomness_threshold():
-    # recall: random values of the usual alphabets, 24 characters and more
-    for alphabet in (ALNUM, HEX, ALNUM + "+/", B64URL):
-        values = [rnd(32, alphabet).encode() for _ in range(500)]
-        assert sum(map(looks_random, values)) >= 0.97 * len(values), alphabet
+    # recall: random values of the usual alphabets. Measured on 100,000 draws each
+    # (docs/detection.md): at most 0.04% rejected at 24 characters, none at 40.
+    for alphabet in (ALNUM, HEX, ALNUM + "+/", B64URL, UPPER + "234567", LETTERS):
+        values = [rnd(24, alphabet).encode() for _ in range(2000)]
+        assert sum(map(looks_random, values)) >= 0.995 * len(values), alphabet
     # precision: words, identifiers, paths, versions, placeholders
     for text in (b"my_secret_key_name_here", b"ThisIsMyConfigName", b"os.environ.get_default", b"python3.12-slim-bookworm",
                  b"aaaaaaaaaaaaaaaaaaaaaaaaaa", b"1234567890123456789", b"https://example.com/x/y", b"$OTHER_VARIABLE_NAME",
-                 b"your-api-key-goes-here", b"ssl.TLSVersion.TLSv1_2", b"short1A"):  # fmt: skip
+                 b"your-api-key-goes-here", b"ssl.TLSVersion.TLSv1_2", b"short1A", b"root_token_pgp_key",
+                 b"jwt_validation_pubkeys", b"CertificateIssuerPublicKeyTypes", b"KEY_ALG_RSA_2048",
+                 b"my_dummy_key_value_1234", b"myDummyTokenValue8", b"AKIAXXXXXXXXXXXXXXXX"):  # fmt: skip
         assert not looks_random(text), text
     assert entropy(b"") == 0 and entropy(b"ab") == 1 and abs(entropy(bytes(range(16))) - 4) < 1e-9
+
+
+# Values CI once saw rejected: long lower-case runs with few digits read as words
+# by their grouping alone (about one random 40-character value in 600).
+GROUPED_LIKE_WORDS = ["3eFpGQMbcraeijPt7FhubtEtkwonvnBNkgbvobcD", "Suveh82inFSKZMEzedgfewPuTFNpzVsIVOS7CTXs",
+                      "e5cuwwkhjpAIGarSBIyNyKeoFQHgwqimmJUujGOQ", "jrMrUEzFcacNzdUbzKHIKJVylrfuyuloe5bEqan5",
+                      "DeVzjcnzoTCL4TaVjgqLFtcN664aveansooRGhwL"]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", GROUPED_LIKE_WORDS)
+def test_random_letters_grouped_like_words_are_still_random(detector, value):
+    assert looks_random(value.encode())
+    assert _found(detector, f"MY_SERVICE_API_KEY={value}".encode()) == [("assignment", value.encode())]
+
+
+RANDOM_DRAWS = 10_000
+
+
+def test_every_random_value_assigned_to_a_secret_name_is_detected(detector):
+    """Property: each of 10,000 random values of the assignment shape is detected.
+
+    The draws come from this test's own seed (tests/tokens.py), so a run
+    repeats. Measured on five million values of 40 base62 characters, one was
+    rejected (as words): with new draws (KEYVEIL_TOKENS_SEED=random) this test
+    fails about once in 500 runs, where the grouping test alone missed about
+    17 of these 10,000 values.
+    """
+    names = ["MY_SERVICE_API_KEY", "GITHUB_TOKEN", "db_password", "clientSecret", "X-Api-Key", "AUTH"]
+    forms = ["{n}={v}", 'export {n}="{v}"', '"{n}": "{v}"', "{n}: {v}", "{n} := '{v}'"]
+    missed = 0
+    for i in range(RANDOM_DRAWS):
+        text, value = samples("assignment")[0]  # MY_SERVICE_API_KEY= and 40 base62 characters
+        if i % 2:
+            text = forms[i % len(forms)].format(n=names[i % len(names)], v=value)
+        hits = {d.value for d in detector.find(text.encode())}
+        missed += value.encode() not in hits
+    assert missed == 0, f"{missed} of {RANDOM_DRAWS} random values not detected"
+
+
+@pytest.mark.parametrize("alphabet", [ALNUM + "+/", B64URL, HEX, UPPER + "234567", LETTERS], ids=["base64", "base64url", "hex", "base32", "letters"])
+def test_random_values_of_other_alphabets_are_detected(detector, alphabet):
+    """Property: 2,000 random values of 32-64 characters per alphabet, all detected."""
+    missed = 0
+    for i in range(2000):
+        value = rnd(32 + i % 33, alphabet)
+        missed += _found(detector, f"API_SECRET={value}\n".encode()) != [("assignment", value.encode())]
+    assert missed == 0, f"{missed} of 2000 not detected"
 
 
 # --- nothing is capped -------------------------------------------------------------------------------
@@ -490,3 +540,19 @@ def test_precision_on_real_non_secret_text(detector, fp_corpus):
 def test_every_kind_is_documented(detector):
     doc = (Path(__file__).resolve().parents[1] / "docs" / "detection.md").read_text()
     assert [k for k in detector.kinds if f"`{k}`" not in doc] == []
+
+
+def test_the_letter_pair_table_is_what_the_standard_library_gives():
+    """The shipped table can be explained: tests/letter_pairs.py rebuilds it from this Python's stdlib.
+
+    Another 3.12 patch release shifts a few counts; a cell may then move by one step.
+    """
+    from keyveil._detect import _PAIR_TABLE
+    from tests import letter_pairs
+
+    shipped, rebuilt = _PAIR_TABLE.split(), letter_pairs.rebuild().split()
+    assert [len(row) for row in shipped] == [26] * 26
+    cells = [(a, b) for row_s, row_r in zip(shipped, rebuilt) for a, b in zip(row_s, row_r)]
+    off = [(a, b) for a, b in cells if a != b]
+    assert all(abs(int(a, 16) - int(b, 16)) == 1 for a, b in off), off
+    assert len(off) <= 0.03 * len(cells), f"{len(off)} of {len(cells)} cells differ"

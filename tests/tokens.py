@@ -13,6 +13,8 @@ import random
 import secrets
 import string
 
+import pytest
+
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -25,11 +27,19 @@ HEX = "0123456789abcdef"
 B64URL = ALNUM + "-_"
 
 
-# Seeded, so `make test` sees the same fake tokens every run: the assignment
-# heuristic misses about 1 in 600 random 40-character values (issue 11 note);
-# KEYVEIL_TOKENS_SEED=random draws new ones.
+# Seeded, so that a test sees the same fake tokens on every run whatever ran
+# before it in its worker (pytest-xdist orders tests differently from run to
+# run): `reseed(nodeid)` at the start of each test (the `seeded_tokens` fixture)
+# makes the draws a function of the test alone. KEYVEIL_TOKENS_SEED=random draws
+# new ones every time (make soak); another value changes the seed.
 _SEED = os.environ.get("KEYVEIL_TOKENS_SEED", "keyveil-tokens")
 _RNG = random.SystemRandom() if _SEED == "random" else random.Random(_SEED)
+
+
+def reseed(label: str) -> None:
+    """Restart the draws from a seed derived from LABEL (a test's node id)."""
+    if _SEED != "random":
+        _RNG.seed(f"{_SEED}:{label}")
 
 
 def rnd(n: int, alphabet: str = ALNUM) -> str:
@@ -37,7 +47,7 @@ def rnd(n: int, alphabet: str = ALNUM) -> str:
 
 
 def b64(nbytes: int) -> str:
-    return base64.b64encode(secrets.token_bytes(nbytes)).decode()
+    return base64.b64encode(_RNG.randbytes(nbytes)).decode()
 
 
 def _b64url_json(doc: dict) -> str:
@@ -186,6 +196,12 @@ MAKERS = {
     "jwt": [_same(_jwt)],
     "assignment": [_assignment],
 }
+
+
+@pytest.fixture(autouse=True)
+def seeded_tokens(request):
+    """Import into a test module: its tests draw their tokens from a seed of their own."""
+    reseed(request.node.nodeid)
 
 
 def samples(kind: str) -> list[tuple[str, str]]:

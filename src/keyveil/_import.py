@@ -294,3 +294,62 @@ def _propose(home: Home, items: list[Item], out: Callable[[str], None]) -> None:
         else:
             why = "its shape is not one keyveil knows; bind it by hand to let the agent use it"
         out(f"no binding proposed for {name}: {why}; it is sealed toward model vendors all the same")
+
+
+# --- `keyveil secret adopt detected/KIND-ID NAME` (SPEC §10) ----------------------------------
+
+
+def run_adopt(home: Home, detected: str, name: str, out: Callable[[str], None] = print) -> int:
+    """Register the detected value DETECTED under NAME; DETECTED stays an alias of NAME.
+
+    The value never leaves the vault: it is read there (a running proxy keeps
+    every value it detects in the vault) and written back under NAME. The
+    proxy treats a detected name whose value NAME also holds as an alias:
+    both references resolve, and either is injected where NAME is bound.
+    """
+    from ._detected import DETECTED_PREFIX, is_detected
+    from .vault import open_vault
+
+    detected, name = _checked(detected), _checked(name)
+    if not is_detected(detected):
+        raise UsageError(
+            f"{detected} is not a detected value's name: adopt takes the name from a "
+            f"{{{{secret:{DETECTED_PREFIX}KIND-ID}}}} reference, e.g. `keyveil secret adopt "
+            f"{DETECTED_PREFIX}github-pat-abcd1234efgh5678 github/pat`"
+        )
+    if is_detected(name):
+        raise UsageError(f"{name} is under {DETECTED_PREFIX}, where only keyveil names values: pick another NAME, e.g. github/pat")
+    vault = open_vault(home.root)
+    current = vault.load().current
+    value = current.get(detected)
+    if value is None:
+        raise UsageError(
+            f"the vault holds no detected value named {detected}: `keyveil secret list` shows the "
+            f"detected values a proxy on this home has kept. A proxy whose vault it cannot write "
+            f"(KEYVEIL_VAULT=env) keeps them in memory only: register the value with `keyveil secret set {name}`"
+        )
+    before = current.get(name)
+    if before == value:
+        out(f"unchanged {name}: it already holds the value of {detected}")
+    else:
+        vault.set(name, value)
+        home.bump_generation()  # a running proxy injects it from its very next request
+        verb = "adopted" if before is None else "adopted (replacing the previous value, which stays sealed for 30 days)"
+        out(f"{verb} {detected} as {name}; use it as {format_reference(name)}")
+    out(f"{format_reference(detected)} stays an alias of {name}: the agent's history keeps working")
+    kind = detected[len(DETECTED_PREFIX) :].rsplit("-", 1)[0]
+    _propose(home, [_Adopted(name, None if kind == shipped_detector().assignment_kind else kind)], out)
+    return 0
+
+
+@dataclass
+class _Adopted:
+    name: str
+    kind: str | None
+
+
+def _checked(name: str) -> str:
+    try:
+        return check_name(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None

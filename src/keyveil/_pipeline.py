@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
+from ._detected import is_detected
 from ._engine import Sealer
 from ._inject import (
     InjectError,
@@ -97,6 +98,9 @@ class Outcome:
     provider: bool = False
     #: the request after sealing and before injection: what may be shown or stored
     sealed_request: Request | None = None
+    # detect: detected values forwarded as they came (toward a host that is not a
+    # provider, or in the credential headers of a provider request), by name
+    passed: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -186,18 +190,42 @@ def is_auth_header(name: bytes) -> bool:
 class Engine:
     """Rules and values compiled together; one per vault or rules change."""
 
-    def __init__(self, rules: CompiledRules, snapshot: VaultSnapshot) -> None:
+    def __init__(self, rules: CompiledRules, snapshot: VaultSnapshot, detected: dict[str, bytes] | None = None) -> None:
         self.rules = rules
         self.policy = rules.rules.policy
+        self._snapshot = snapshot
         self.values = dict(snapshot.current)
         # keyveil.vault: entries the store would not let keyveil read (name -> value-free reason)
         self.unavailable = dict(getattr(snapshot, "unavailable", None) or {})
-        every = {name: [value] for name, value in snapshot.current.items()}
+        # detect: values nobody registered (SPEC §3a), named detected/KIND-ID, from
+        # the vault and from the running proxy's memory (DETECTED). One whose value
+        # is also registered under another name (`secret adopt`) is an alias of that
+        # name: its reference is injected where that name is bound, and the value
+        # seals to that name. Every other one is sealed and scrubbed, never injected.
+        self._registered_sealer: Sealer | None = None
+        for name, value in (detected or {}).items():
+            self.values.setdefault(name, value)
+        # A detected value that holds a registered value in some form (base64 of it,
+        # the value with more around it) is left out: sealed as one detected span it
+        # would hide that value from the sealer, and be forwarded as it came where a
+        # detected value is (below). The registered value's own seal covers it.
+        registered = {v: n for n, v in sorted(self.values.items(), reverse=True) if not is_detected(n)}
+        shadowing = [
+            n for n, v in self.values.items() if is_detected(n) and v not in registered and self.covered(v, snapshot)
+        ]
+        for name in shadowing:
+            del self.values[name]
+        self.aliases = {n: registered[v] for n, v in self.values.items() if is_detected(n) and v in registered}
+        self.detected_names = frozenset(n for n in self.values if is_detected(n) and n not in self.aliases)
+        every = {name: [value] for name, value in self.values.items() if name not in self.aliases}
         for name, previous in snapshot.previous.items():
-            every.setdefault(name, []).extend(previous)
+            if name not in self.aliases:
+                every.setdefault(name, []).extend(previous)
         self.sealer = Sealer(every)
-        self.names = frozenset(every)
+        self.names = frozenset(every) | frozenset(self.aliases)
         self.bound_names = frozenset(rules.names())
+        #: every value the sealer knows (detection skips these: they are sealed already)
+        self.known_values = frozenset(v for vs in every.values() for v in vs)
 
     # -- requests -------------------------------------------------------------
 
@@ -206,7 +234,9 @@ class Engine:
         out.provider = self.rules.is_provider(req.host, req.port, req.scheme)
         original = req
         req = replace(req, headers=list(req.headers))
-        bindings = self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text))
+        bindings = self._with_aliases(
+            self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text))
+        )
         bound: dict[str, set[str]] = defaultdict(set)
         for name, injects in bindings.items():
             for inj in injects:
@@ -214,11 +244,13 @@ class Engine:
 
         # 2. seal, location by location, remembering where each name was found
         found: list[tuple[str, str]] = []  # (location, name)
+        times: Counter[tuple[str, str]] = Counter()  # detect: how often, per location and name
 
         def seal(location: str, data: bytes, protect=None, url: bool = False, plus: bool = False) -> bytes:
             result = self.sealer.seal(data, protect, url=url, plus=plus)
             for name, n in result.counts.items():
                 found.append((location, name))
+                times[location, name] += n
                 out.sealed[name] += n
             return result.data
 
@@ -241,8 +273,15 @@ class Engine:
             form = body_encoder(req.content_type) is for_form
             req.body = seal("body", req.body, protect, plus=form)
 
-        # 4a. a value found where it is not bound (non-provider hosts only)
-        stray = [(loc, name) for loc, name in found if name not in bound.get(loc, ())]
+        # detect: policy.detected block: a detected value toward a provider is not sent
+        if out.provider and self.policy.detected == "block":
+            caught = sorted({n for loc, n in found if n in self.detected_names and not _credential(loc)})
+            if caught:
+                out.block = Block("plaintext_egress", self._detected_message(req, caught[0]), (caught[0],))
+                return out
+
+        # 4a. a value found where it is not bound (non-provider hosts only; a detected value is never bound)
+        stray = [(loc, name) for loc, name in found if name not in bound.get(loc, ()) and name not in self.detected_names]
         if stray and not out.provider:
             action = self.policy.plaintext_elsewhere
             if action == "block":
@@ -254,6 +293,11 @@ class Engine:
 
         # 3. inject where bound
         out.sealed_request = replace(req, headers=list(req.headers))
+        # detect: a detected value goes on the wire as it came toward a host that is
+        # not a provider (detection only audits there), and in the credential headers
+        # of any request (the client's own credential for that host); what is shown
+        # and stored (sealed_request) keeps it sealed.
+        req = self._pass_detected(req, original, found, times, out)
         try:
             self._inject(req, bound, out)
         except InjectError as e:
@@ -305,6 +349,86 @@ class Engine:
 
     # keyveil agents (rules `agents:`): an agent's references are injected only for
     # the secrets it lists; any other is unbound for it. Sealing is not affected.
+
+    # detect: aliases (`secret adopt`) and detected values forwarded as they came
+
+    def _registered(self, snapshot: VaultSnapshot | None = None) -> Sealer:
+        """A sealer of the registered values alone (built on first use)."""
+        if self._registered_sealer is None:
+            source = snapshot if snapshot is not None else self._snapshot
+            every = {n: [v] for n, v in source.current.items() if not is_detected(n)}
+            for n, previous in source.previous.items():
+                if not is_detected(n):
+                    every.setdefault(n, []).extend(previous)
+            self._registered_sealer = Sealer(every)
+        return self._registered_sealer
+
+    def covered(self, value: bytes, snapshot: VaultSnapshot | None = None) -> bool:
+        """True when VALUE holds a registered value in some form, or is one (detection skips it)."""
+        return bool(self._registered(snapshot).find_names(value))
+
+    @property
+    def detection_margin(self) -> int:
+        """Bytes around a detection that may hold a form of a registered value touching it."""
+        return 6 * self._registered().longest + 16  # a \u escape per character is the widest form
+
+    def overlaps_registered(self, value: bytes, around: bytes) -> bool:
+        """True when VALUE, found in AROUND, shares bytes with a form of a registered value there.
+
+        Such a detection is not remembered: sealed as one span, it would take part
+        of the registered value with it and leave the rest as it was."""
+        if self.covered(value):
+            return True
+        result = self._registered().seal(around)
+        return result.changed and value not in result.data
+
+    def _unchanged_by_registered(self, original: Request, location: str) -> bool:
+        """A location forwarded as it came must hold no registered value in any form."""
+        if location == "path":
+            parts = [original.path]
+        elif location == "body":
+            parts = [original.body or b""]
+        elif location == "query" or location.startswith("query:"):
+            parts = [original.query or b""]
+        else:
+            header = location.partition(":")[2].encode("latin-1") if location.startswith("header:") else b"authorization"
+            parts = [v for k, v in original.headers if k.lower() == header]
+        return not any(self._registered().find_names(p) for p in parts if p)
+
+    def _with_aliases(self, bindings: dict) -> dict:
+        """BINDINGS with each alias of a bound name bound the same way."""
+        if not self.aliases:
+            return bindings
+        extra = {alias: bindings[name] for alias, name in self.aliases.items() if name in bindings}
+        return {**bindings, **extra} if extra else bindings
+
+    def _pass_detected(self, req: Request, original: Request, found, times: Counter, out: Outcome) -> Request:
+        if not self.detected_names:
+            return req
+        passable = {
+            loc for loc, name in found
+            if name in self.detected_names and (not out.provider or _credential(loc))
+        }
+        # A location that also held a registered value stays sealed.
+        passable -= {loc for loc, name in found if name not in self.detected_names}
+        passable.discard("header-name")
+        passable = {loc for loc in passable if self._unchanged_by_registered(original, loc)}
+        if not passable:
+            return req
+        for (loc, name), n in times.items():
+            if loc in passable:
+                out.passed[name] += n
+                out.sealed[name] -= n
+        out.sealed = +out.sealed
+        return self._restore(req, original, passable)
+
+    def _detected_message(self, req: Request, name: str) -> str:
+        return (
+            f"the request to {req.host} carries a value nobody registered that looks like a secret "
+            f"({format_reference(name)}), and policy.detected is block. If it is a secret, register it: "
+            f"`keyveil secret adopt {name} NAME`; to send it sealed as {format_reference(name)} instead, "
+            "set policy.detected: seal in rules.yaml"
+        )
 
     def _for_agent(self, req: Request, names):
         """NAMES (a set, or a dict keyed by name) without the secrets REQ's agent may not use."""
@@ -418,6 +542,12 @@ class Engine:
         )
 
     def _unbound_message(self, req: Request, name: str) -> str:
+        if name in self.detected_names:  # detect: a detected value is never injected until adopted
+            return (
+                f"{format_reference(name)} is sent to {req.host} where a credential goes, but it names a "
+                f"value keyveil detected, which is never injected. To use it, register it: `keyveil secret "
+                f"adopt {name} NAME`, and bind NAME to {req.host} in rules.yaml"
+            )
         hint = self.rules.bound_elsewhere_hint(name)
         if self._agent_note(req, name) and name in self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text):
             return (
@@ -442,11 +572,20 @@ class Engine:
         """
         msg = replace(req, headers=[], query=None, path=b"", body=None)
         out = Outcome(msg, provider=self.rules.is_provider(req.host, req.port, req.scheme))
-        bindings = self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, "GET", req.path_text))
+        bindings = self._with_aliases(
+            self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, "GET", req.path_text))
+        )
         names = {n for n, injects in bindings.items() if any(i.location == "websocket" for i in injects)}
         result = self.sealer.seal(content, protected_spans if out.provider else None)
         out.sealed = result.counts
-        stray = [n for n in result.counts if n not in names]
+        detected = [n for n in result.counts if n in self.detected_names]  # detect: SPEC §3a
+        if detected and out.provider and self.policy.detected == "block":
+            out.block = Block("plaintext_egress", self._detected_message(req, detected[0]), (detected[0],))
+            return result.data, content, out
+        if detected and not out.provider and len(detected) == len(result.counts):
+            out.passed, out.sealed = result.counts, Counter()
+            return result.data, content, out  # toward a host that is not a provider: as it came
+        stray = [n for n in result.counts if n not in names and n not in self.detected_names]
         if stray and not out.provider:
             action = self.policy.plaintext_elsewhere
             if action == "block":
@@ -501,6 +640,11 @@ def _base64_tokens(data: bytes) -> Iterator[bytes]:
             decoded = binascii.a2b_base64(part + b"=" * (-len(part) % 4))
             if may_hold_reference(decoded):
                 yield decoded
+
+
+def _credential(location: str) -> bool:
+    """A location where a client puts its own credential for the host (detect: left as it came)."""
+    return location == "basic_auth" or (location.startswith("header:") and is_auth_header(location[7:].encode("latin-1")))
 
 
 def _header_location(name: bytes, value: bytes) -> str:

@@ -61,6 +61,19 @@ def _path_glob(glob: str) -> str:
 # Host patterns are parsed by _hosts, whose ValueError becomes a field error here.
 HostPatternField = Annotated[HostPattern, PlainValidator(parse_host_pattern)]
 SecretName = Annotated[str, AfterValidator(check_name)]
+
+
+def _bindable(name: str) -> str:
+    # detect: a detected value (SPEC §3a) is never bound: it must be adopted under a name first.
+    if name.startswith("detected/"):
+        raise ValueError(
+            f"{name} names a value keyveil detected, which is never injected; register it with "
+            f"`keyveil secret adopt {name} NAME` and bind NAME instead"
+        )
+    return name
+
+
+BindableName = Annotated[str, AfterValidator(check_name), AfterValidator(_bindable)]
 Method = Annotated[str, AfterValidator(_method)]
 PathGlob = Annotated[str, AfterValidator(_path_glob)]
 
@@ -184,6 +197,14 @@ class Policy(_Model):
     unbound_reference: Literal["block_auth", "block", "pass"] = "block_auth"
     undecodable_body: Literal["block", "pass"] = "block"
     max_body_bytes: int = Field(default=67108864, gt=0)
+    # detect: values nobody registered toward a provider (SPEC §3a): sealed as
+    # {{secret:detected/KIND-ID}} (seal), the request refused (block), or not looked for (off)
+    detected: Literal["seal", "block", "off"] = "seal"
+
+    @field_validator("detected", mode="before")
+    @classmethod
+    def _detected_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
     # true: `keyveil run` refuses to run CMD without --isolate (for teams that want containment always)
     require_isolation: bool = False
     # Destinations on this host or a private network (loopback, link-local, RFC 1918, the host's own
@@ -234,7 +255,7 @@ class Rules(_Model):
 
     version: Literal[1]
     providers: Providers = Providers()
-    secrets: dict[SecretName, SecretRule] = {}
+    secrets: dict[BindableName, SecretRule] = {}
     policy: Policy = Policy()
     passthrough: list[HostPatternField] = []
     #: None: no agents, every client is the same (SPEC §4)

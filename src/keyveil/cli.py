@@ -124,6 +124,10 @@ def cmd_secret(args) -> int:
         from ._import import run_import
 
         return run_import(home, Path(args.file), dry_run=args.dry_run, out=_out)
+    if args.action == "adopt":
+        from ._import import run_adopt
+
+        return run_adopt(home, args.detected, args.name, out=_out)
     vault = open_vault(home.root)
     if args.action == "set":
         if args.value is not None:
@@ -586,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp = ssub.add_parser("import", help="register the secret-looking entries of a .env file")
     imp.add_argument("file", metavar="FILE")
     imp.add_argument("--dry-run", action="store_true", help="show the plan, store nothing")
+    adopt = ssub.add_parser("adopt", help="register a detected value under NAME (its detected reference stays an alias)")
+    adopt.add_argument("detected", metavar="detected/KIND-ID")
+    adopt.add_argument("name", metavar="NAME")
     secret.set_defaults(func=cmd_secret)
 
     rules = sub.add_parser("rules", help="rules file")

@@ -32,6 +32,7 @@ from . import _websockets
 from ._destinations import Destinations
 from ._guard import Blocked, close_connections
 from ._outputs import Outputs, unsealed_block_response
+from ._detection import DetectionPhase
 from ._requests import RequestPhase
 from ._responses import ResponsePhase
 from ._websockets import WebSocketPhase
@@ -108,6 +109,9 @@ class Keyveil:
         self._snapshot = None
         self._generation: tuple | None = None
         self.outputs = Outputs(self)
+        # detect: values nobody registered, remembered while the proxy runs (name -> value)
+        self.detected: dict[str, bytes] = {}
+        self.detection = DetectionPhase(self)
         self.requests = RequestPhase(self)
         self.responses = ResponsePhase(self)
         self.websockets = WebSocketPhase(self)
@@ -144,7 +148,8 @@ class Keyveil:
         watcher = VaultWatcher(open_vault(home.root))
         snapshot = watcher.start()  # VaultUnavailable here stops the proxy (exit 2)
         _warn_if_exposed(rules_path, home)
-        self.engine = Engine(rules, snapshot)
+        self.detection.configure(home)  # detect: the key of detected IDs, beside the vault key
+        self.engine = Engine(rules, snapshot, self.detected)
         if self._vault is not None:
             self._vault.close()
         self._vault, self._snapshot = watcher, snapshot
@@ -210,8 +215,14 @@ class Keyveil:
             if force:
                 self._generation = generation
             if snapshot is not self._snapshot:
-                self.engine = Engine(self.engine.rules, snapshot)
+                self.engine = Engine(self.engine.rules, snapshot, self.detected)
                 self._snapshot = snapshot
+        return self.engine
+
+    def rebuild_engine(self) -> Engine:
+        """detect: the engine again, now with the values detected since it was built."""
+        assert self.engine is not None and self._snapshot is not None
+        self.engine = Engine(self.engine.rules, self._snapshot, self.detected)
         return self.engine
 
     # -- shared by the phases -------------------------------------------------------

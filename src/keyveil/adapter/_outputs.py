@@ -137,6 +137,8 @@ class Outputs:
             self.record(flow, "injected", outcome.injected)
         if outcome.unknown:
             self.record(flow, "unknown_reference", {n: 1 for n in outcome.unknown})
+        if outcome.passed:  # detect: detected values forwarded as they came (audit only)
+            self.record(flow, "detected", outcome.passed)
 
     def record(self, flow: http.HTTPFlow, action: str, counts, code: str | None = None) -> None:
         addon = self._addon

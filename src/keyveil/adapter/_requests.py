@@ -227,7 +227,9 @@ class RequestPhase:
         else:
             dropped = {b"content-length", b"content-encoding"}
         _check_charset(req.headers, None, host, engine)
-        outcome = engine.process_request(self._to_request(flow, host, port, body=None))
+        request = self._to_request(flow, host, port, body=None)
+        engine = self.addon.detection.request(flow, engine, request)  # detect: its line and headers (SPEC §3a)
+        outcome = engine.process_request(request)
         if outcome.block:
             raise Blocked(outcome.block)
         for version in filter(None, (outcome.request, outcome.sealed_request)):
@@ -258,7 +260,9 @@ class RequestPhase:
         if original is not None:
             flow.request.headers.fields = original
         body, encoding_name = self._decoded_body(flow, engine, host)
-        outcome = engine.process_request(self._to_request(flow, host, port, body))
+        request = self._to_request(flow, host, port, body)
+        engine = self.addon.detection.request(flow, engine, request)  # detect: SPEC §3a
+        outcome = engine.process_request(request)
         if outcome.block:
             raise Blocked(outcome.block)
         self._apply(flow, outcome, body, encoding_name)
@@ -324,7 +328,7 @@ class RequestPhase:
         raw = flow.request.raw_content
         sealed = outcome.sealed_request or outcome.request
         write(flow, sealed, body, raw, encoding_name)
-        if outcome.injected:
+        if outcome.injected or outcome.passed:  # detect: a passed detected value goes out as it came
             final = outcome.request
             self.addon.late.pending[flow.id] = functools.partial(write, flow, final, body, raw, encoding_name)
             self.addon.sealed[flow.id] = (flow, sealed, body, raw, encoding_name)

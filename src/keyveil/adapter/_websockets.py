@@ -76,6 +76,7 @@ class WebSocketPhase:
         if message.from_client:
             host, port = meta.get("host", flow.request.host), meta.get("port", flow.request.port)
             request = self.requests._to_request(flow, host, port, None)
+            engine = self.addon.detection.websocket_message(flow, engine, request, message.content)  # detect
             sealed, data, outcome = engine.process_ws_message(request, message.content)
             if outcome.block:
                 message.content = sealed

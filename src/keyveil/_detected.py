@@ -1,0 +1,211 @@
+"""Values nobody registered, found in a request and remembered as ``detected/KIND-ID`` (SPEC §3a).
+
+The detector (``_detect``) reads one buffer; a request carries a token in many
+forms (a JSON string with ``\\/`` and ``\\u`` escapes, percent-encoding, base64
+of Basic credentials, two of those at once). ``RequestDetector.find`` runs the
+detector once over each part of a request and over every decoded view of it
+that could hold a token, and names each value found with its keyed ID. Once
+found, a value is sealed by the ordinary sealer like a registered one, in
+every form of SPEC §3: finding it once, in any view, is enough.
+
+The key of the IDs lives beside the vault key material (``HOME/vault/
+detection-key``, mode 0600), created once per home and never rotated, so IDs
+stay the same across restarts (the agent's history keeps its references).
+
+This module is pure but for reading and creating that key file, and never puts
+a value in a message, a log line or a repr: only names and kinds.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote_to_bytes
+
+from ._detect import Detector, detected_name
+from ._errors import VaultError
+from ._views import Base64View, base64_runs, json_unescape
+
+#: every detected value is named under this prefix; such a name is never bound
+DETECTED_PREFIX = "detected/"
+KEY_BYTES = 32
+#: decoded layers looked into below a part (SPEC §3 asks for two)
+MAX_DEPTH = 2
+#: the shortest base64 run that can hold a token: base64 of 16 characters and a `user:` prefix is 28
+MIN_RUN = 24
+_SHORT_RUN = 512  # a run up to this long is decoded from each of its four offsets (a prefix may shift it)
+
+
+def is_detected(name: str) -> bool:
+    return name.startswith(DETECTED_PREFIX)
+
+
+def detection_key(vault_dir: Path) -> bytes:
+    """The per-home key of detected IDs, created (0600, never overwritten) on first use."""
+    path = Path(vault_dir) / "detection-key"
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        key = os.urandom(KEY_BYTES)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another keyveil process made it meanwhile: use that one
+            return detection_key(vault_dir)
+        except OSError as e:
+            raise VaultError(f"cannot create the detection key {path}: {e.strerror}; check the vault folder's owner and mode") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
+        return key
+    except OSError as e:
+        raise VaultError(f"cannot read the detection key {path}: {e.strerror}; check its owner and mode") from None
+    if len(key) != KEY_BYTES:
+        raise VaultError(
+            f"the detection key {path} is corrupt (not {KEY_BYTES} bytes): restore it from a backup, or "
+            "remove it (every detected reference then gets a new ID)"
+        )
+    return key
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Found:
+    """One value found in a request: its name, its kind, the value."""
+
+    name: str
+    kind: str
+    value: bytes
+    #: the bytes around it in the view it was found in (MARGIN each side): to tell
+    #: whether it overlaps a registered value there
+    around: bytes = b""
+
+    def __repr__(self) -> str:
+        return f"Found({self.name!r}, <{len(self.value)} bytes>)"
+
+    __str__ = __repr__
+
+
+class RequestDetector:
+    """The detector, the key of IDs and the views of a request, together. Build once per home."""
+
+    def __init__(self, detector: Detector, key: bytes) -> None:
+        self.detector = detector
+        self._key = key
+
+    def name(self, kind: str, value: bytes) -> str:
+        return detected_name(kind, value, self._key)
+
+    def find(self, parts: Iterable[bytes], known: frozenset[bytes] | set[bytes] = frozenset(), margin: int = 0) -> list[Found]:
+        """Every value found in PARTS or their decoded views and not in KNOWN, once each, in order. Never capped."""
+        seen: dict[bytes, Found] = {}
+        for part in parts:
+            if not part:
+                continue
+            for view in views(part):
+                for d in self.detector.find(view):
+                    if d.value not in seen and d.value not in known:
+                        around = view[max(0, d.start - margin) : d.end + margin] if margin else b""
+                        seen[d.value] = Found(self.name(d.kind, d.value), d.kind, d.value, around)
+        return list(seen.values())
+
+
+def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
+    """DATA, then the decoded views of it that may hold a token the raw bytes hide, MAX_DEPTH layers down.
+
+    A view is built only where an escape could cut or hide a token, so that a
+    body without such escapes costs one scan (SPEC §3 forms; the sealer, once
+    it knows the value, seals every form exactly):
+
+    - JSON: where an escape can be inside a token -- ``\\/`` (a `/` of a base64
+      token, a webhook path), ``\\u`` escapes of ASCII letters and digits, and a
+      PEM block whose line breaks are ``\\n``. Plain ``\\n`` and ``\\"`` between
+      tokens need no view: the detector takes them as boundaries;
+    - percent-encoding: each run of token characters that holds a ``%XX`` escape,
+      decoded on its own (with ``+`` as a space too);
+    - base64: every run long enough for a token whose decoding is text (a run
+      that decodes to binary -- an image, a hash, a word -- holds no token).
+    """
+    yield data
+    if depth >= MAX_DEPTH:
+        return
+    if b"\\" in data and (b"\\/" in data or _ascii_escape(data) or (b"-----BEGIN" in data and b"\\n" in data)):
+        decoded = json_unescape(data)
+        if decoded != data:
+            yield from views(decoded, depth + 1)
+    if b"%" in data:
+        pieces = _percent_runs(data)
+        if pieces:
+            yield from views(pieces, depth + 1)
+    if len(data) >= MIN_RUN:
+        for run in base64_runs(data, MIN_RUN):
+            offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
+            for align in offsets:
+                if not _textual(_head(data, run, align)):
+                    continue
+                decoded = Base64View(data, run, align).data
+                if _textual(decoded):
+                    yield from views(decoded, depth + 1)
+
+
+_ASCII_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|[4-7][0-9a-fA-F])")  # a literal prefix: searched at memchr speed
+
+
+def _ascii_escape(data: bytes) -> bool:
+    """A `\\u` escape of a digit or letter: not `\\\\u0041`, the text of an escape written in a string (source code)."""
+    for m in _ASCII_ESCAPE.finditer(data):
+        at = m.start()
+        slashes = len(data[max(0, at - 16) : at]) - len(data[max(0, at - 16) : at].rstrip(b"\\"))
+        if slashes % 2 == 0:
+            return True
+    return False
+
+
+_PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
+# Bytes a percent-encoded token is written with: unreserved characters, escapes, `+` for a space.
+_URLISH = bytes(1 if (chr(b).isascii() and (chr(b).isalnum() or chr(b) in "%-._~+/=:")) else 0 for b in range(256))
+
+
+def _percent_runs(data: bytes) -> bytes:
+    """Each run of URL characters holding a ``%XX`` escape, decoded (twice when `+` may be a space), one per line."""
+    classes = data.translate(_URLISH)
+    out: list[bytes] = []
+    pos = 0
+    while (m := _PERCENT_ESCAPE.search(data, pos)) is not None:
+        start = classes.rfind(b"\x00", 0, m.start()) + 1
+        end = classes.find(b"\x00", m.end())
+        end = len(data) if end == -1 else end
+        run = data[start:end]
+        out.append(unquote_to_bytes(run))
+        if b"+" in run:
+            out.append(unquote_to_bytes(run.replace(b"+", b" ")))
+        pos = end
+    return b"\n".join(out)
+
+
+def _head(data: bytes, run, align: int) -> bytes:
+    """The first bytes a run decodes to from ALIGN: enough to tell text from binary."""
+    chars = data[run.start + align : min(run.end, run.start + align + 88)].replace(b"\n", b"").replace(b"\r", b"")
+    chars = chars[: len(chars) - len(chars) % 4]
+    if b"-" in chars or b"_" in chars:
+        chars = chars.translate(_URLSAFE)
+    try:
+        return binascii.a2b_base64(chars)
+    except binascii.Error:
+        return b""
+
+
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+
+
+def _textual(data: bytes) -> bool:
+    # Token text is printable ASCII; random bytes (a misaligned decode, an image)
+    # are not: most of them fall outside, at C speed. A tenth may (a misaligned
+    # first group, a non-ASCII letter in a comment).
+    head = data[4:68]
+    return len(data) >= 12 and len(head.translate(None, _TEXT)) <= len(head) // 10

@@ -1,0 +1,156 @@
+"""Detection through the decoded views of a request (keyveil._detected), and the engine's use of it.
+
+A token in a request is found however its carrier wrote it (SPEC §3): JSON with
+any character \\u-escaped, percent-encoding, base64 at any offset, two layers.
+Once found and given to the engine, the ordinary sealer seals every form.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from urllib.parse import quote
+
+import pytest
+
+from keyveil._detect import shipped_detector
+from keyveil._detected import RequestDetector, detection_key, views
+from keyveil._pipeline import Engine, Request
+from keyveil._rules import parse_rules
+from keyveil.vault import VaultSnapshot
+from tests.tokens import MAKERS, samples, seeded_tokens  # noqa: F401 (fixture)
+
+KEY = bytes(range(32))
+
+
+@pytest.fixture(scope="module")
+def rd():
+    return RequestDetector(shipped_detector(), KEY)
+
+
+def _all_escaped(text: str) -> bytes:
+    return "".join(f"\\u{ord(c):04X}" if i % 2 else f"\\u{ord(c):04x}" for i, c in enumerate(text)).encode()
+
+
+CARRIERS = {
+    "json, every character \\u-escaped": lambda t: b'{"content": "' + _all_escaped(t) + b'"}',
+    "json, '/' escaped": lambda t: json.dumps({"c": f"cat .env\n{t}\n"}).replace("/", "\\/").encode(),
+    "percent, every character": lambda t: ("q=" + "".join(f"%{b:02X}" for b in t.encode())).encode(),
+    "Basic base64(user:token)": lambda t: b"Basic " + base64.b64encode(b"user:" + t.encode()),
+    "base64 inside JSON with \\/": lambda t: json.dumps({"d": base64.b64encode(b"k:" + t.encode()).decode()}).replace("/", "\\/").encode(),
+    "percent-encoded base64": lambda t: quote(base64.b64encode(t.encode()).decode(), safe="").encode(),
+    "base64 of a JSON document holding it escaped": lambda t: base64.b64encode(json.dumps({"k": t}).replace("/", "\\/").encode()),
+    "JSON string inside a JSON string": lambda t: json.dumps({"outer": json.dumps({"inner": t})}).encode(),
+}
+
+
+@pytest.mark.parametrize("carrier", CARRIERS)
+def test_every_kind_is_found_in_every_carrier(rd, carrier):
+    missed = []
+    for kind in sorted(MAKERS):
+        for text, value in samples(kind):
+            if kind == "private-key" and "base64" in carrier:
+                continue  # a PEM inside base64 inside base64: three layers
+            found = {f.value for f in rd.find([CARRIERS[carrier](text)])}
+            if value.encode() not in found:
+                missed.append(kind)
+    assert missed == []
+
+
+def test_names_are_keyed_and_stable(rd):
+    text, value = samples("github-pat")[0]
+    (a,) = rd.find([text.encode()])
+    (b,) = rd.find([b"Basic " + base64.b64encode(b"u:" + value.encode())])
+    assert a.name == b.name and a.name.startswith("detected/github-pat-")
+    other = RequestDetector(shipped_detector(), os.urandom(32))
+    assert other.find([text.encode()])[0].name != a.name
+    assert value not in repr(a) and value not in str([a])
+
+
+def test_known_values_are_skipped_and_nothing_is_capped(rd):
+    tokens = [samples("npm-token")[0][1] for _ in range(2000)]
+    found = rd.find([" ".join(tokens).encode()], known={tokens[0].encode()})
+    assert [f.value for f in found] == [t.encode() for t in tokens[1:]]
+
+
+def test_views_stop_at_binary(rd):
+    data = base64.b64encode(os.urandom(4096))
+    assert list(views(data)) == [data]
+
+
+def test_the_detection_key_is_made_once_private_and_kept(tmp_path):
+    key = detection_key(tmp_path / "vault")
+    assert len(key) == 32 and (tmp_path / "vault" / "detection-key").stat().st_mode & 0o777 == 0o600
+    assert detection_key(tmp_path / "vault") == key
+
+
+RULES = """\
+version: 1
+secrets:
+  github/token:
+    hosts: [api.github.com]
+    inject: [{header: Authorization}]
+"""
+
+
+def _req(host: str, body: bytes, headers=()) -> Request:
+    return Request("POST", "https", host, 443, b"/v1/x", None, list(headers), body, "application/json")
+
+
+def test_engine_seals_detected_values_toward_providers_only_and_adopted_ones_are_aliases(rd):
+    rules = parse_rules(RULES, "rules.yaml")
+    text, token = samples("github-pat")[0]
+    (f,) = rd.find([text.encode()])
+    engine = Engine(rules, VaultSnapshot(), {f.name: f.value})
+    body = json.dumps({"t": f"x {token}"}).encode()
+    out = engine.process_request(_req("api.anthropic.com", body, [(b"authorization", b"Bearer " + token.encode())]))
+    assert token.encode() not in out.request.body and f.name.encode() in out.request.body
+    assert out.request.headers == [(b"authorization", b"Bearer " + token.encode())]  # a credential header: as it came
+    out = engine.process_request(_req("api.example.net", body))
+    assert out.block is None and out.request.body == body and out.passed == {f.name: 1}
+    assert token.encode() not in out.sealed_request.body  # what is shown and stored stays sealed
+    ref = b"{{secret:" + f.name.encode() + b"}}"
+    out = engine.process_request(_req("api.github.com", b"", [(b"authorization", b"token " + ref)]))
+    assert out.block is not None and out.block.code == "unbound_reference" and "secret adopt" in out.block.message
+    # adopted: the value is registered under github/token too
+    adopted = Engine(rules, VaultSnapshot(current={"github/token": token.encode(), f.name: f.value}))
+    assert adopted.aliases == {f.name: "github/token"}
+    out = adopted.process_request(_req("api.github.com", b"", [(b"authorization", b"token " + ref)]))
+    assert out.block is None and out.request.headers == [(b"authorization", b"token " + token.encode())]
+    out = adopted.process_request(_req("api.anthropic.com", body))
+    assert b"{{secret:github/token}}" in out.request.body
+
+
+def test_a_detection_touching_a_registered_value_is_not_remembered_and_never_hides_it(rd):
+    """Sealed as one span, a detected value overlapping a registered one would take part of it
+    and leave the rest as it was (found by the leak corpus): such a detection is left to the
+    registered value's own seal, and a location holding a registered value is never passed."""
+    rules = parse_rules(RULES, "rules.yaml")
+    registered = samples("github-pat")[0][1].encode()
+    engine = Engine(rules, VaultSnapshot(current={"github/token": registered}))
+    for value, around in (
+        (base64.b64encode(registered), b"API_KEY=" + base64.b64encode(registered)),  # holds it encoded
+        (registered + b"Zq9", b"TOKEN=" + registered + b"Zq9"),  # holds it with more
+        (registered[10:] + b"Zq9", b"k " + registered + b"Zq9"),  # starts inside it
+    ):
+        assert engine.overlaps_registered(value, around), around
+    other = samples("npm-token")[0][1].encode()
+    assert not engine.overlaps_registered(other, b"x " + other + b" y " + registered)
+    # Even if such a value was remembered, it does not hide the registered value, and a
+    # location holding the registered value is not forwarded as it came.
+    shadow = registered + b"Zq9x"
+    (name,) = {f.name for f in rd.find([b"TOKEN=" + shadow])}
+    engine = Engine(rules, VaultSnapshot(current={"github/token": registered}), {name: shadow})
+    assert name not in engine.names
+    out = engine.process_request(_req("api.example.net", b"", [(b"x-api-key", shadow)]))
+    assert registered not in b"".join(v for _, v in out.request.headers) or out.block is not None
+
+
+def test_encoded_text_assigned_to_a_secret_name_is_read_in_its_decoded_view():
+    from keyveil._detect import looks_random
+
+    url = base64.b64encode(b"https://x-access-token:abc@github.com/org/repo").decode()
+    for text in ("%7B%22model%22%3A%22m%22%7D", "ex%70o%72t+G%49T%48U", url):
+        assert not looks_random(text.encode()), text
+    assert looks_random(base64.b64encode(os.urandom(24)))  # base64 of random bytes: random
