@@ -22,7 +22,7 @@ import binascii
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote_to_bytes
 
 from ._errors import KeyveilError
@@ -49,7 +49,9 @@ SHORT_RUN = 512
 #: a stream holds back at most this much of a base64 run still being written;
 #: past it, the run is sealed group by group (see StreamSealer)
 STREAM_RUN_BOUND = 1 << 20
-_MAX_ROUNDS = 8  # seal, then look again: a base64 run may hide a second value
+_MIN_WRAP = 12  # the narrowest wrapped base64 line looked for inside a JSON string (as _views._MIN_WIDTH)
+_MAX_ROUNDS = 8
+_PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")  # seal, then look again: a base64 run may hide a second value
 # Bytes that take part in the encodings themselves: base64, escapes, line breaks.
 _SYNTAX = frozenset(B64_ALPHABET + b"=\\%+/\r\n")
 
@@ -122,19 +124,30 @@ class Sealer:
 
     # -- finding ------------------------------------------------------------------
 
-    def _find(self, data: bytes, depth: int, text: bool = True, plus: bool = False) -> list[Edit]:
+    def _find(
+        self, data: bytes, depth: int, text: bool = True, plus: bool = False,
+        spaced: bytes | None = None, layout: bytes | None = None,
+    ) -> list[Edit]:
         """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already.
 
-        PLUS: DATA is a query string or a form body, where `+` is a space."""
+        PLUS: DATA is a query string or a form body, where `+` is a space.
+        SPACED: DATA with each `+` the layer above wrote as a plain `+` (not
+        `%2B`) made a space; None when every `+` of DATA was written plainly.
+        LAYOUT: DATA with each line break the layer above wrote plainly (not
+        `%0A`) made a NUL, where it wrote others escaped: a base64 block it
+        escaped ends at a plain one. None: every line break is alike."""
         edits = [
             Edit(start, end, self._references[index], (self._names[index],), depth)
             for index, start, end in self._raw.find(data)
         ]
         if depth < MAX_LAYERS and self._values:
-            edits += self._in_views(data, depth, text, plus)
+            edits += self._in_views(data, depth, text, plus, spaced, layout)
         return _resolve(edits)
 
-    def _in_views(self, data: bytes, depth: int, text: bool = True, plus: bool = False) -> list[Edit]:
+    def _in_views(
+        self, data: bytes, depth: int, text: bool = True, plus: bool = False,
+        spaced: bytes | None = None, layout: bytes | None = None,
+    ) -> list[Edit]:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
@@ -144,36 +157,95 @@ class Sealer:
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
         percent = text and b"%" in data and self._percent_trigger.search(data) is not None
+        # The escapes whose views are built: a base64 run they cut or touch is
+        # whole in those views, and looked at there only.
+        views = b"\\" if json else b""
         if plus and (percent or b"+" in data):
             # A query or form: `+` is a space; a layer inside may have kept a
             # literal `+` of the value (quote with `+` safe): both readings.
             found_plus = self._in_percent(data, depth, plus=True)
             if not found_plus and percent:
                 found_plus = self._in_percent(data, depth, plus=False)
-            percent = True
+            views += b"%+"
             edits += found_plus
         else:
             if percent:
                 edits += self._in_percent(data, depth, plus=False)
+                views += b"%"
             if text and self._plus and b"+" in data:
                 edits += self._in_percent(data, depth, plus=True)
+                views += b"%+"
         if self._min_run and len(data) >= self._min_run:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
             # view that decodes the escape: it is looked at there, not here.
             found: list[Edit] = []
-            runs = list(base64_runs(data, self._min_run, plus=plus))
+            lines = data if layout is None else layout
+            runs = [(run, plus) for run in base64_runs(lines, self._min_run, plus=plus)]
             if plus:
                 # `+` is a space here, but a client may have left base64's `+` unescaped:
-                # the runs read with `+` as a base64 character are looked at too.
-                runs += [Run(r.start, r.end, r.padding, True) for r in base64_runs(data, self._min_run)]
-            for run in runs:
-                if (json or percent) and _touches_escape(data, run):
+                # the runs read with `+` as a base64 character are looked at too
+                # (and written back as the client wrote them).
+                runs += [(Run(r.start, r.end, r.padding, True), False) for r in base64_runs(lines, self._min_run)]
+            for run, escape_plus in runs:
+                if views and _touches(data, run.start, run.end + run.padding, views):
                     continue
-                if run.alternative and any(e.start < run.end and run.start < e.end for e in (*edits, *found)):
-                    continue  # another reading of these bytes found a value: it stands
-                found += self._in_run(data, run, depth)
+                overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
+                if run.alternative and overlap:
+                    # Another reading of these bytes found a value: it stands, unless
+                    # this is a form's run read with `+` as base64 and the other one
+                    # was decoded after a prefix (`+Gh0…`: a base64 `+` left
+                    # unescaped) or cut short of this run's padding (`…Ucyt+Cc=`).
+                    if escape_plus or not plus:
+                        continue
+                    if not all(e.glued for e in overlap) and not (run.padding and all(e.end < run.end for e in overlap)):
+                        continue
+                run_edits, align = self._run_edits(data, run, depth)
+                if run.alternative and overlap:
+                    if not run_edits or align:
+                        continue
+                    found = [e for e in found if e not in overlap]
+                elif run.alternative and not run_edits and plus and not escape_plus:
+                    continue
+                chars = data[run.start : run.end]
+                # A `+` in a run decoded after a prefix, or among URL-safe characters
+                # (which base64 never mixes with `+`), may be a space.
+                if not plus and run_edits and b"+" in chars and (align or b"-" in chars or b"_" in chars):
+                    pieces = self._in_plus_pieces(data, run, depth, spaced)
+                    if pieces:
+                        run_edits, align = pieces, 0
+                if escape_plus:  # a run written back into a query or form: its `+` is not a space
+                    run_edits = [_plus_edit(e) for e in run_edits]
+                if align:
+                    # Decoded after a glued prefix: a reading that decodes from its
+                    # own first character takes its place.
+                    run_edits = [replace(e, glued=True) for e in run_edits]
+                found += run_edits
             edits += found
         return edits
+
+    def _in_plus_pieces(self, data: bytes, run: Run, depth: int, spaced: bytes | None) -> list[Edit]:
+        """A run holding `+` that decodes to a value only after a glued prefix may
+        be text percent-encoded with `+` for a space (`blob+<base64>+end` in a
+        header): when a piece between `+` decodes to a value from its own first
+        character, the pieces are the runs, and what lies outside them keeps its bytes.
+        Only a `+` written plainly one layer up separates pieces (SPACED), never a `%2B`."""
+        end = run.end + run.padding
+        if spaced is None:
+            pieces = base64_runs(data[run.start : end], self._min_run, plus=True)
+        elif b" " in spaced[run.start : run.end]:
+            pieces = base64_runs(spaced[run.start : end], self._min_run)
+        else:
+            return []
+        pieces = [Run(r.start + run.start, r.end + run.start, r.padding, r.alternative) for r in pieces]
+        edits: list[Edit] = []
+        aligned = False
+        for piece in pieces:
+            if piece.alternative and any(e.start < piece.end and piece.start < e.end for e in edits):
+                continue
+            piece_edits, align = self._run_edits(data, piece, depth)
+            aligned = aligned or (bool(piece_edits) and align == 0)
+            edits += piece_edits
+        return edits if aligned else []
 
     def _in_json(self, data: bytes, depth: int) -> list[Edit]:
         # Decoded at C speed first; the map back is built only when there is
@@ -190,7 +262,16 @@ class Sealer:
     def _in_percent(self, data: bytes, depth: int, plus: bool) -> list[Edit]:
         # As for JSON: the standard library decodes first, the map is built on a find.
         decoded = unquote_to_bytes(data.replace(b"+", b" ") if plus else data)
-        sub = self._find(decoded, depth + 1)
+        # Which `+` of DECODED were written plainly (a space, read with `+` for space) and which as `%2B`.
+        spaced = None if plus or b"+" not in data or b"%2" not in data.upper() else unquote_to_bytes(data.replace(b"+", b" "))
+        # Which line breaks were written plainly, where others were escaped (`%0A`).
+        layout = None
+        if (b"\n" in data or b"\r" in data) and (b"%0" in data.upper()):
+            cut = data.translate(_PLAIN_BREAKS)
+            layout = unquote_to_bytes(cut.replace(b"+", b" ") if plus else cut)
+            if spaced is not None:
+                spaced = unquote_to_bytes(cut.replace(b"+", b" "))
+        sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout)
         if not sub:
             return []
         view = PercentView(data, plus=plus)
@@ -205,10 +286,17 @@ class Sealer:
             start, end = view.span(e.start, e.end)
             if e.base64 and end - start == e.end - e.start and not view.escaped(start, end) and not _touches(view.raw, start, end):
                 continue  # a run no escape cuts or touches: the layer below seals it (one answer, however chunked)
-            out.append(Edit(start, end, view.encode(e.replacement, start, end), e.names, e.depth, e.base64, view.kind))
+            # Only the bytes that change are written again: the rest of the
+            # span keeps its bytes as they were (a `+` that was a space stays
+            # one, `%0d%0a` keeps its case), in the span's own habits.
+            v_start, v_end, replacement = _trimmed(view, e)
+            t_start, t_end = view.span(v_start, v_end)
+            encoded = view.encode(replacement, t_start, t_end, habit=(start, end))
+            out.append(Edit(t_start, t_end, encoded, e.names, e.depth, e.base64, view.kind, e.glued))
         return out
 
-    def _in_run(self, data: bytes, run: Run, depth: int) -> list[Edit]:
+    def _run_edits(self, data: bytes, run: Run, depth: int) -> tuple[list[Edit], int]:
+        """The edit that seals a base64 run (none or one), and the character offset it was decoded from."""
         for align in _offsets(data, run):
             view = Base64View(data, run, align)
             if not view.data:
@@ -217,8 +305,8 @@ class Sealer:
             if sub:
                 edit = view.reencode(_apply(view.data, sub), min(e.start for e in sub))
                 names = tuple(n for e in sub for n in e.names)
-                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")]
-        return []
+                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")], align
+        return [], 0
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""
@@ -254,8 +342,6 @@ class Sealer:
                 return result
             if url:
                 edits = [_url_edit(e) if e.layer in ("raw", "json") else e for e in edits]
-            if plus:  # a base64 run written back into a query or form: its `+` is not a space
-                edits = [_plus_edit(e) if e.layer == "base64" else e for e in edits]
             result.data = _apply(result.data, edits)
             result.counts.update(n for e in edits for n in e.names)
         if self._find(result.data, 0, plus=plus):
@@ -515,21 +601,45 @@ class _RunTranscoder:
 
 def _url_edit(edit: Edit) -> Edit:
     reference = quote(edit.replacement, safe="").encode("ascii")
-    return Edit(edit.start, edit.end, reference, edit.names, edit.depth, edit.base64, "percent")
+    return replace(edit, replacement=reference, layer="percent")
 
 
 def _plus_edit(edit: Edit) -> Edit:
-    return Edit(edit.start, edit.end, edit.replacement.replace(b"+", b"%2B"), edit.names, edit.depth, edit.base64, edit.layer)
+    return replace(edit, replacement=edit.replacement.replace(b"+", b"%2B"))
 
 
-def _touches_escape(data: bytes, run: Run) -> bool:
-    return _touches(data, run.start, run.end + run.padding)
+def _trimmed(view, edit: Edit) -> tuple[int, int, bytes]:
+    """EDIT's view span and replacement without the bytes they share at either end
+    (cut only where the view maps back between raw bytes, never inside an escape)."""
+    old = view.data[edit.start : edit.end]
+    new = edit.replacement
+    limit = min(len(old), len(new)) - 1  # at least one byte of the span is replaced
+    head = _common_prefix(old, new, limit)
+    while head and not view.boundary(edit.start + head):
+        head -= 1
+    tail = _common_prefix(old[::-1], new[::-1], limit - head)
+    while tail and not view.boundary(edit.end - tail):
+        tail -= 1
+    return edit.start + head, edit.end - tail, new[head : len(new) - tail]
 
 
-def _touches(data: bytes, start: int, end: int) -> bool:
-    """Whether an escape (`\\…`, `%XX`, a `+` for a space) sits right before or after DATA[START:END]."""
-    return data[start - 1 : start] in (b"\\", b"%", b"+") or data[end : end + 1] in (b"\\", b"%", b"+") or (
-        start >= 3 and data[start - 3 : start - 2] == b"%"
+def _common_prefix(a: bytes, b: bytes, limit: int) -> int:
+    """How many leading bytes A and B share, at most LIMIT (slice comparisons: C speed on long runs)."""
+    low, high = 0, max(0, limit)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _touches(data: bytes, start: int, end: int, escapes: bytes = b"\\%+") -> bool:
+    """Whether an escape (`\\…`, `%XX`, a `+` for a space; those in ESCAPES) sits right before or after DATA[START:END]."""
+    before, after = data[start - 1 : start], data[end : end + 1]
+    return bool(before and before in escapes) or bool(after and after in escapes) or (
+        b"%" in escapes and start >= 3 and data[start - 3 : start - 2] == b"%"
     )
 
 
@@ -596,8 +706,16 @@ def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]
     # long base64 line is base64 wrapped inside a JSON string; `\/` is in the
     # base64 alphabet.
     b64 = "[A-Za-z0-9+/_-]"
-    backslash = r"\\" if ord("\\") in values_bytes else rf"\\(?=u[0-9a-fA-F]{{4}}|/|\\|[rn]{b64}{{16}})"
-    wrapped = rf"[rn]{b64}{{16}}|(?<={b64}{{16}}\\)[rn]"
+    # A line of base64 (`\\/` and doubled backslashes count), at least as wide
+    # as the narrowest wrapping, then a line break escape, then more base64.
+    line = rf"(?<=[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}\\)"
+    after = rf"(?:{b64}|=|\\/)"
+    backslash = (
+        r"\\"
+        if ord("\\") in values_bytes
+        else rf"\\(?=u[0-9a-fA-F]{{4}}|/|\\)|{line}\\(?=[rn])"
+    )
+    wrapped = rf"{line}(?:r\\n|n|r)(?={after})"
     json_trigger = re.compile(
         rf"\\(?:u{unicode_part}|/|{backslash}|{wrapped}{'|[' + shorts + ']' if shorts else ''})".encode()
     )
