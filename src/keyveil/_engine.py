@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote_to_bytes
 
+import ahocorasick_rs
+
 from ._errors import KeyveilError
 from ._matcher import Matcher
 from ._references import format_reference
@@ -151,7 +153,7 @@ class Sealer:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
-        json = text and b"\\" in data and self._json_trigger.search(data) is not None
+        json = text and b"\\" in data and self._json_trigger.search(data)
         if json:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
@@ -649,9 +651,16 @@ def _is_text(data: bytes) -> bool:
     bytes before the text), and mostly printable."""
     if len(data) <= 64 or data.isascii():
         return True
+    if len(data) > 4 * _TEXT_SAMPLE and not any(
+        _is_text(data[at : at + _TEXT_SAMPLE]) for at in (0, len(data) // 2, len(data) - _TEXT_SAMPLE)
+    ):
+        return False  # a long payload whose start, middle and end are binary (an image): not read whole
     if data.decode("utf-8", "replace").count("\ufffd") > 8:
         return False
     return len(data.translate(None, _TEXT_BYTES)) <= len(data) // 4
+
+
+_TEXT_SAMPLE = 4096
 
 
 _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
@@ -679,11 +688,16 @@ def _offsets(data: bytes, run: Run) -> list[int]:
     return offsets
 
 
-def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """Regexes for the escapes that can matter: ones that decode to a byte of
+def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
+    """Tests for the escapes that can matter: ones that decode to a byte of
     some value or of an encoding's own syntax. Any other escape (a CJK
     character, an ANSI colour code, a quote) cannot be part of a form, so a
-    buffer holding only those needs no decoded view."""
+    buffer holding only those needs no decoded view.
+
+    The JSON test is a few patterns, each starting with a literal (`\\u00`,
+    `\\n` …) that the regex engine finds at C speed: one pattern with an
+    alternation after `\\` would be tried at every backslash of a buffer
+    full of irrelevant escapes (ensure_ascii JSON of CJK text)."""
     relevant = set(_SYNTAX)
     values_bytes: set[int] = set()
     wide: set[int] = set()
@@ -694,33 +708,80 @@ def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]
             wide.update(ord(c) for c in v.decode("utf-8") if ord(c) > 0x7F)
         except UnicodeDecodeError:
             wide.add(-1)  # a value that is not UTF-8: every \\u escape may matter
-    units = [_hex_alternatives("00", {c for c in relevant if c < 0x80})]
-    units += [_cased(f"{c:04x}") for c in sorted(wide) if 0 < c <= 0xFFFF]
-    if any(c > 0xFFFF for c in wide):
-        units.append("[dD][89abAB][0-9a-fA-F]{2}")  # a surrogate pair: any character beyond U+FFFF
-    short = {ord('"'): '"', ord("/"): "/", 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
-    shorts = "".join(re.escape(ch) for c, ch in short.items() if c in values_bytes)
-    unicode_part = "[0-9a-fA-F]{4}" if -1 in wide else "(?:" + "|".join(units) + ")"
-    # `\\` matters when a value holds a backslash, or when it escapes a
-    # further escape (a JSON string inside a JSON string); `\n` right before a
-    # long base64 line is base64 wrapped inside a JSON string; `\/` is in the
-    # base64 alphabet.
-    b64 = "[A-Za-z0-9+/_-]"
-    # A line of base64 (`\\/` and doubled backslashes count), at least as wide
-    # as the narrowest wrapping, then a line break escape, then more base64.
-    line = rf"(?<=[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}\\)"
-    after = rf"(?:{b64}|=|\\/)"
-    backslash = (
-        r"\\"
-        if ord("\\") in values_bytes
-        else rf"\\(?=u[0-9a-fA-F]{{4}}|/|\\)|{line}\\(?=[rn])"
-    )
-    wrapped = rf"{line}(?:r\\n|n|r)(?={after})"
-    json_trigger = re.compile(
-        rf"\\(?:u{unicode_part}|/|{backslash}|{wrapped}{'|[' + shorts + ']' if shorts else ''})".encode()
-    )
+    patterns: list[bytes] = []
+    if -1 in wide:
+        patterns.append(rb"\\u[0-9a-fA-F]{4}")
+    else:
+        latin = {c for c in relevant if c < 0x80} | {c for c in wide if c <= 0xFF}
+        patterns.append(("\\\\u" + _hex_alternatives("00", latin)).encode())
+        higher = sorted(c for c in wide if 0xFF < c <= 0xFFFF)
+        if len(higher) > 16:
+            patterns.append(rb"\\u[0-9a-fA-F]{4}")
+        else:
+            # `\\u20ac`: the first hex digit starts the literal where it is a digit.
+            patterns += [("\\\\u" + _cased(f"{c:04x}")).encode() for c in higher]
+        if any(c > 0xFFFF for c in wide):
+            patterns += [rb"\\ud[89abAB]", rb"\\uD[89abAB]"]  # a surrogate pair: any character beyond U+FFFF
+    short = {ord('"'): '"', 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
+    patterns += [f"\\\\{ch}".encode() for c, ch in short.items() if c in values_bytes]
+    # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
+    # backslash, or when it escapes a further escape (JSON inside a JSON string).
+    patterns.append(rb"\\/")
+    patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
+    # Base64 wrapped inside a JSON string: a line of base64 (`\\/` and doubled
+    # backslashes count) as wide as the narrowest wrapping, a line break
+    # escape, more base64. The lookbehind comes after the literal it checks.
+    line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
+    patterns.append(rf"\\n(?<={line}\\n)(?=[A-Za-z0-9+/_=-]|\\/)".encode())
+    patterns.append(rf"\\r(?<={line}\\r)(?=[A-Za-z0-9+/_=-]|\\/|\\n)".encode())
     percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
-    return json_trigger, percent_trigger
+    return _AnyOf(patterns), percent_trigger
+
+
+class _AnyOf:
+    """Whether any of several patterns occurs (each searched on its own, only
+    where its leading literal occurs: ``bytes.find`` runs at memory speed)."""
+
+    __slots__ = ("_patterns", "_literals", "_by_literal")
+
+    def __init__(self, patterns: list[bytes]) -> None:
+        compiled = [(_leading_literal(p), re.compile(p)) for p in patterns]
+        self._literals = list(dict.fromkeys(literal for literal, _ in compiled))
+        self._by_literal = [[p for literal, p in compiled if literal == lit] for lit in self._literals]
+        # One pass finds every leading literal (a DFA: a buffer full of escapes
+        # that start no pattern, `\\u4e2d`, is read at memory speed).
+        self._patterns = ahocorasick_rs.BytesAhoCorasick(
+            self._literals, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
+        )
+
+    def search(self, data: bytes) -> bool:
+        hits: dict[int, list[int]] = {}
+        for index, start, _ in self._patterns.find_matches_as_indexes(data, overlapping=True):
+            hits.setdefault(index, []).append(start)
+        for index, starts in hits.items():
+            for pattern in self._by_literal[index]:
+                if len(starts) <= 32:
+                    if any(pattern.match(data, at) for at in starts):
+                        return True
+                elif pattern.search(data, starts[0]) is not None:
+                    return True
+        return False
+
+
+def _leading_literal(pattern: bytes) -> bytes:
+    """The bytes every match of PATTERN starts with (its escaped backslashes and plain characters)."""
+    out = bytearray()
+    i = 0
+    while i < len(pattern):
+        if pattern[i : i + 2] == b"\\\\":
+            out += b"\\"
+            i += 2
+        elif pattern[i] not in b".^$*+?{}[]\\|()" and pattern[i + 1 : i + 2] not in (b"{", b"*", b"?", b"+"):
+            out += pattern[i : i + 1]
+            i += 1
+        else:
+            break
+    return bytes(out)
 
 
 def _cased(hex_digits: str) -> str:

@@ -412,14 +412,20 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         return
     segment = data[start:end]
     if b"\r" not in segment and b"-----" not in segment and not segment.startswith(b"\n") and not segment.endswith(b"\n"):
-        # The common case, at C speed: one block of equal lines (MIME, PEM bodies).
-        parts = segment.split(b"\n")
-        widths = set(map(len, parts[:-1]))
-        if len(parts) >= 3 and len(widths) == 1:
-            width = widths.pop()
-            if width >= _MIN_WIDTH and 0 < len(parts[-1]) <= width and not _text_after_block(data, end - len(parts[-1]), end):
-                yield start, end, False
-                return
+        # The common case, at C speed: one block of equal lines (MIME, PEM bodies):
+        # every break sits one line width after the one before it.
+        width = segment.find(b"\n")
+        breaks = segment.count(b"\n")
+        last = len(segment) - breaks * (width + 1)
+        if (
+            breaks >= 2
+            and width >= _MIN_WIDTH
+            and 0 < last <= width
+            and segment[width :: width + 1][:breaks] == b"\n" * breaks
+            and not _text_after_block(data, end - last, end)
+        ):
+            yield start, end, False
+            return
     # PEM armour (`-----BEGIN …-----`, `-----END …`) is never part of a block.
     lines = [(m.start(), m.end()) for m in _LINE_CONTENT.finditer(data, start, end)]
     lines = [(a, b) for a, b in lines if not (data.startswith(b"-----", a) or data.endswith(b"-----", a, b))]
