@@ -19,6 +19,7 @@ value: only names.
 from __future__ import annotations
 
 import binascii
+from json import dumps as _json_dumps
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,6 +42,7 @@ from ._views import (
     Run,
     base64_runs,
     json_unescape,
+    json_windows,
 )
 
 #: how many layers of encoding are decoded, in any order (SPEC §3 asks for two)
@@ -53,6 +55,7 @@ SHORT_RUN = 512
 STREAM_RUN_BOUND = 1 << 20
 _MIN_WRAP = 12  # the narrowest wrapped base64 line looked for inside a JSON string (as _views._MIN_WIDTH)
 _MAX_ROUNDS = 8
+_WHOLE_VIEW = 16384  # a JSON buffer up to this size is mapped back whole; a longer one in windows
 _PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")  # seal, then look again: a base64 run may hide a second value
 # Bytes that take part in the encodings themselves: base64, escapes, line breaks.
 _SYNTAX = frozenset(B64_ALPHABET + b"=\\%+/\r\n")
@@ -256,10 +259,22 @@ class Sealer:
         sub = self._find(decoded, depth + 1)
         if not sub:
             return []
-        view = JsonView.build(data)
-        if view.data != decoded:
+        if len(data) <= _WHOLE_VIEW:
+            view = JsonView.build(data)
+            if view.data != decoded:
+                raise SealError("keyveil's two JSON decoders disagree on a buffer; it is blocked")
+            return self._lift_edits(view, sub, depth)
+        # A long buffer: mapped back only in windows around what was found.
+        windows = json_windows(data, decoded, [(e.start, e.end) for e in sub])
+        if not all(w.agrees() for w in windows):
             raise SealError("keyveil's two JSON decoders disagree on a buffer; it is blocked")
-        return self._lift_edits(view, sub, depth)
+        out: list[Edit] = []
+        for e in sub:
+            window = next((w for w in windows if w.holds(e.start, e.end)), None)
+            if window is None:
+                raise SealError("keyveil could not map a sealed span back to its buffer; it is blocked")
+            out += self._lift_edits(window, [e], depth)
+        return out
 
     def _in_percent(self, data: bytes, depth: int, plus: bool) -> list[Edit]:
         # As for JSON: the standard library decodes first, the map is built on a find.
@@ -722,8 +737,7 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
             patterns += [("\\\\u" + _cased(f"{c:04x}")).encode() for c in higher]
         if any(c > 0xFFFF for c in wide):
             patterns += [rb"\\ud[89abAB]", rb"\\uD[89abAB]"]  # a surrogate pair: any character beyond U+FFFF
-    short = {ord('"'): '"', 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
-    patterns += [f"\\\\{ch}".encode() for c, ch in short.items() if c in values_bytes]
+    patterns += _short_escape_patterns(values)
     # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
@@ -738,14 +752,64 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     return _AnyOf(patterns), percent_trigger
 
 
+_SHORT_ESCAPES = {ord('"'): b'\\"', 8: b"\\b", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t"}
+
+
+def _short_escape_patterns(values: list[bytes]) -> list[bytes]:
+    """Patterns for the short escapes (`\\"`, `\\n` …) of bytes values hold.
+
+    Prose in JSON is full of `\\"` and `\\n`: such an escape matters only
+    where it stands next to what stands next to that byte in a value as an
+    encoder writes it (three characters of it on either side, as
+    ``json.dumps`` writes them). A value whose neighbours an encoder escapes
+    in other ways (`\\u0041\\"`) is caught by the `\\u` and `\\\\` patterns."""
+    sides: dict[bytes, tuple[set[bytes], set[bytes]]] = {}
+    anywhere: set[bytes] = set()
+    for v in values:
+        try:
+            written = _json_dumps(v.decode("utf-8"), ensure_ascii=False)[1:-1].encode("utf-8")
+        except UnicodeDecodeError:
+            anywhere.update(_SHORT_ESCAPES[c] for c in set(v) if c in _SHORT_ESCAPES)
+            continue
+        for escape in {_SHORT_ESCAPES[c] for c in set(v) if c in _SHORT_ESCAPES}:
+            before, after = sides.setdefault(escape, (set(), set()))
+            at = written.find(escape)
+            while at != -1:
+                head, tail = written[max(0, at - 3) : at], written[at + 2 : at + 5]
+                if len(head) == 3 and b"\\" not in head:
+                    before.add(head)
+                elif len(tail) == 3 and b"\\" not in tail:
+                    after.add(tail)
+                else:
+                    anywhere.add(escape)  # escapes side by side: any occurrence may matter
+                at = written.find(escape, at + 2)
+    patterns = [re.escape(e) for e in sorted(anywhere)]
+    for escape, (before, after) in sorted(sides.items()):
+        if escape in anywhere:
+            continue
+        alternatives = []
+        if before:
+            alternatives.append(b"(?<=(?:" + b"|".join(map(re.escape, sorted(before))) + b")" + re.escape(escape) + b")")
+        if after:
+            alternatives.append(b"(?=" + b"|".join(map(re.escape, sorted(after))) + b")")
+        patterns.append(re.escape(escape) + b"(?:" + b"|".join(alternatives) + b")")
+    return patterns
+
+
 class _AnyOf:
     """Whether any of several patterns occurs (each searched on its own, only
     where its leading literal occurs: ``bytes.find`` runs at memory speed)."""
 
-    __slots__ = ("_patterns", "_literals", "_by_literal")
+    __slots__ = ("_patterns", "_literals", "_by_literal", "_direct")
 
     def __init__(self, patterns: list[bytes]) -> None:
         compiled = [(_leading_literal(p), re.compile(p)) for p in patterns]
+        # A line break escape is common in prose (`\\n` every few lines): its
+        # patterns are searched directly (the regex engine finds the literal
+        # at C speed and checks the lookbehind there) rather than listing
+        # every occurrence.
+        self._direct = [p for literal, p in compiled if literal in (b"\\n", b"\\r") and b"(?<=" in p.pattern]
+        compiled = [(literal, p) for literal, p in compiled if p not in self._direct]
         self._literals = list(dict.fromkeys(literal for literal, _ in compiled))
         self._by_literal = [[p for literal, p in compiled if literal == lit] for lit in self._literals]
         # One pass finds every leading literal (a DFA: a buffer full of escapes
@@ -755,6 +819,8 @@ class _AnyOf:
         )
 
     def search(self, data: bytes) -> bool:
+        if any(p.search(data) is not None for p in self._direct):
+            return True
         hits: dict[int, list[int]] = {}
         for index, start, _ in self._patterns.find_matches_as_indexes(data, overlapping=True):
             hits.setdefault(index, []).append(start)

@@ -220,6 +220,94 @@ class JsonView:
         return out
 
 
+class JsonWindow:
+    """The JSON view of a window of a buffer, placed in the buffer's coordinates.
+
+    A buffer full of escapes (prose with `\\n` and `\\"`) costs a Python step
+    per escape to map back; a match needs only the few kilobytes around it.
+    ``json_windows`` cuts the buffer where no escape is cut (no `\\` in the
+    six bytes before, none at the cut: a surrogate pair stays whole), so each
+    window decodes, on its own, to its part of the whole buffer's view.
+    """
+
+    kind = "json"
+    __slots__ = ("data", "_inner", "_raw", "_raw_start", "_view_start")
+
+    def __init__(self, raw: bytes, data: bytes, raw_start: int, raw_end: int, view_start: int) -> None:
+        self._raw = raw
+        self.data = data  # the whole buffer's view: offsets are the buffer's
+        self._inner = JsonView.build(raw[raw_start:raw_end])
+        self._raw_start = raw_start
+        self._view_start = view_start
+
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
+    def agrees(self) -> bool:
+        """Whether the window decodes to its part of the whole view (the two decoders agree)."""
+        inner = self._inner.data
+        return self.data[self._view_start : self._view_start + len(inner)] == inner
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        a, b = self._inner.span(start - self._view_start, end - self._view_start)
+        return a + self._raw_start, b + self._raw_start
+
+    def holds(self, start: int, end: int) -> bool:
+        """Whether view bytes [START, END) lie in this window."""
+        return self._view_start <= start and end <= self._view_start + len(self._inner.data)
+
+    def boundary(self, at: int) -> bool:
+        at -= self._view_start
+        return 0 <= at <= len(self._inner.data) and (at == len(self._inner.data) or self._inner.boundary(at))
+
+    def escaped(self, raw_start: int, raw_end: int) -> bool:
+        return b"\\" in self._raw[raw_start:raw_end]
+
+    def encode(self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None) -> bytes:
+        shift = self._raw_start
+        if habit is not None:
+            habit = (habit[0] - shift, habit[1] - shift)
+        return self._inner.encode(replacement, raw_start - shift, raw_end - shift, habit)
+
+
+_WINDOW = 2048
+
+
+def json_windows(raw: bytes, data: bytes, spans: list[tuple[int, int]]) -> list[JsonWindow]:
+    """One JsonWindow around each of SPANS (offsets in DATA, RAW's JSON view), neighbours merged.
+
+    Windows are cut at least _WINDOW bytes apart; each span gets the windows it lies in."""
+    cuts = [0]
+    at = _WINDOW
+    while at < len(raw):
+        while at < len(raw) and (raw[at] == 0x5C or raw.find(b"\\", max(0, at - 6), at) != -1):
+            at += 1
+        if at < len(raw):
+            cuts.append(at)
+        at += _WINDOW
+    cuts.append(len(raw))
+    # Decoded length of each window, in order, until the last span is placed.
+    view_starts = [0]
+    last = max(end for _, end in spans)
+    for i in range(len(cuts) - 1):
+        if view_starts[-1] > last:
+            break
+        view_starts.append(view_starts[-1] + len(json_unescape(raw[cuts[i] : cuts[i + 1]])))
+    wanted: set[int] = set()
+    for start, end in spans:
+        first = bisect.bisect_right(view_starts, start) - 1
+        final = min(len(view_starts) - 2, bisect.bisect_right(view_starts, max(start, end - 1)) - 1)
+        wanted.update(range(first, final + 1))
+    windows = []
+    for index in sorted(wanted):
+        if windows and windows[-1][1] == index:
+            windows[-1][1] = index + 1
+        else:
+            windows.append([index, index + 1])
+    return [JsonWindow(raw, data, cuts[a], cuts[b], view_starts[a]) for a, b in windows]
+
+
 def _escapes_slash(span: bytes) -> bool:
     return any(m.group(4) == b"/" for m in _JSON_ESCAPE.finditer(span))
 
