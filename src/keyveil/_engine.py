@@ -56,7 +56,9 @@ STREAM_RUN_BOUND = 1 << 20
 _MIN_WRAP = 12  # the narrowest wrapped base64 line looked for inside a JSON string (as _views._MIN_WIDTH)
 _MAX_ROUNDS = 8
 _WHOLE_VIEW = 16384  # a JSON buffer up to this size is mapped back whole; a longer one in windows
-_PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")  # seal, then look again: a base64 run may hide a second value
+_PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")
+_PERCENT_BREAK = re.compile(rb"%0[aAdD]")
+_PERCENT_PLUS = re.compile(rb"%2[bB]")  # seal, then look again: a base64 run may hide a second value
 # Bytes that take part in the encodings themselves: base64, escapes, line breaks.
 _SYNTAX = frozenset(B64_ALPHABET + b"=\\%+/\r\n")
 
@@ -131,13 +133,13 @@ class Sealer:
 
     def _find(
         self, data: bytes, depth: int, text: bool = True, plus: bool = False,
-        spaced: bytes | None = None, layout: bytes | None = None,
+        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None,
     ) -> list[Edit]:
         """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already.
 
         PLUS: DATA is a query string or a form body, where `+` is a space.
-        SPACED: DATA with each `+` the layer above wrote as a plain `+` (not
-        `%2B`) made a space; None when every `+` of DATA was written plainly.
+        SPACED: gives DATA with each `+` the layer above wrote as a plain `+`
+        (not `%2B`) made a space; None when every `+` of DATA was written plainly.
         LAYOUT: DATA with each line break the layer above wrote plainly (not
         `%0A`) made a NUL, where it wrote others escaped: a base64 block it
         escaped ends at a plain one. None: every line break is alike."""
@@ -151,7 +153,7 @@ class Sealer:
 
     def _in_views(
         self, data: bytes, depth: int, text: bool = True, plus: bool = False,
-        spaced: bytes | None = None, layout: bytes | None = None,
+        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None,
     ) -> list[Edit]:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
@@ -228,7 +230,7 @@ class Sealer:
             edits += found
         return edits
 
-    def _in_plus_pieces(self, data: bytes, run: Run, depth: int, spaced: bytes | None) -> list[Edit]:
+    def _in_plus_pieces(self, data: bytes, run: Run, depth: int, spaced: Callable[[], bytes] | None) -> list[Edit]:
         """A run holding `+` that decodes to a value only after a glued prefix may
         be text percent-encoded with `+` for a space (`blob+<base64>+end` in a
         header): when a piece between `+` decodes to a value from its own first
@@ -237,10 +239,11 @@ class Sealer:
         end = run.end + run.padding
         if spaced is None:
             pieces = base64_runs(data[run.start : end], self._min_run, plus=True)
-        elif b" " in spaced[run.start : run.end]:
-            pieces = base64_runs(spaced[run.start : end], self._min_run)
         else:
-            return []
+            spaced_data = spaced()
+            if b" " not in spaced_data[run.start : run.end]:
+                return []
+            pieces = base64_runs(spaced_data[run.start : end], self._min_run)
         pieces = [Run(r.start + run.start, r.end + run.start, r.padding, r.alternative) for r in pieces]
         edits: list[Edit] = []
         aligned = False
@@ -279,15 +282,18 @@ class Sealer:
     def _in_percent(self, data: bytes, depth: int, plus: bool) -> list[Edit]:
         # As for JSON: the standard library decodes first, the map is built on a find.
         decoded = unquote_to_bytes(data.replace(b"+", b" ") if plus else data)
-        # Which `+` of DECODED were written plainly (a space, read with `+` for space) and which as `%2B`.
-        spaced = None if plus or b"+" not in data or b"%2" not in data.upper() else unquote_to_bytes(data.replace(b"+", b" "))
         # Which line breaks were written plainly, where others were escaped (`%0A`).
         layout = None
-        if (b"\n" in data or b"\r" in data) and (b"%0" in data.upper()):
+        breaks = (b"\n" in data or b"\r" in data) and _PERCENT_BREAK.search(data) is not None
+        if breaks:
             cut = data.translate(_PLAIN_BREAKS)
             layout = unquote_to_bytes(cut.replace(b"+", b" ") if plus else cut)
-            if spaced is not None:
-                spaced = unquote_to_bytes(cut.replace(b"+", b" "))
+        # Which `+` of DECODED were written plainly (a space, read with `+` for
+        # space) and which as `%2B`: worked out only when a run asks.
+        spaced = None
+        if not plus and b"+" in data and _PERCENT_PLUS.search(data) is not None:
+            source = data.translate(_PLAIN_BREAKS) if breaks else data
+            spaced = lambda: unquote_to_bytes(source.replace(b"+", b" "))  # noqa: E731
         sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout)
         if not sub:
             return []
@@ -737,7 +743,8 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
             patterns += [("\\\\u" + _cased(f"{c:04x}")).encode() for c in higher]
         if any(c > 0xFFFF for c in wide):
             patterns += [rb"\\ud[89abAB]", rb"\\uD[89abAB]"]  # a surrogate pair: any character beyond U+FFFF
-    patterns += _short_escape_patterns(values)
+    short_literals, short_patterns = _short_escapes(values)
+    patterns += short_patterns
     # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
@@ -749,21 +756,22 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     patterns.append(rf"\\n(?<={line}\\n)(?=[A-Za-z0-9+/_=-]|\\/)".encode())
     patterns.append(rf"\\r(?<={line}\\r)(?=[A-Za-z0-9+/_=-]|\\/|\\n)".encode())
     percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
-    return _AnyOf(patterns), percent_trigger
+    return _AnyOf(patterns, short_literals), percent_trigger
 
 
 _SHORT_ESCAPES = {ord('"'): b'\\"', 8: b"\\b", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t"}
 
 
-def _short_escape_patterns(values: list[bytes]) -> list[bytes]:
-    """Patterns for the short escapes (`\\"`, `\\n` …) of bytes values hold.
-
-    Prose in JSON is full of `\\"` and `\\n`: such an escape matters only
-    where it stands next to what stands next to that byte in a value as an
-    encoder writes it (three characters of it on either side, as
-    ``json.dumps`` writes them). A value whose neighbours an encoder escapes
-    in other ways (`\\u0041\\"`) is caught by the `\\u` and `\\\\` patterns."""
-    sides: dict[bytes, tuple[set[bytes], set[bytes]]] = {}
+def _short_escapes(values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """What makes a short escape (`\\"`, `\\n` …) of a byte values hold matter:
+    (literals, patterns). Prose in JSON is full of `\\"` and `\\n`: such an
+    escape matters only where it stands next to what stands next to that byte
+    in a value as an encoder writes it (three characters of it on one side,
+    as ``json.dumps`` writes them): those are literals. A value whose
+    neighbours an encoder escapes in other ways (`\\u0041\\"`) is caught by
+    the `\\u` and `\\\\` patterns; escapes side by side in a value make the
+    escape matter wherever it stands (a pattern)."""
+    literals: set[bytes] = set()
     anywhere: set[bytes] = set()
     for v in values:
         try:
@@ -772,28 +780,17 @@ def _short_escape_patterns(values: list[bytes]) -> list[bytes]:
             anywhere.update(_SHORT_ESCAPES[c] for c in set(v) if c in _SHORT_ESCAPES)
             continue
         for escape in {_SHORT_ESCAPES[c] for c in set(v) if c in _SHORT_ESCAPES}:
-            before, after = sides.setdefault(escape, (set(), set()))
             at = written.find(escape)
             while at != -1:
                 head, tail = written[max(0, at - 3) : at], written[at + 2 : at + 5]
                 if len(head) == 3 and b"\\" not in head:
-                    before.add(head)
+                    literals.add(head + escape)
                 elif len(tail) == 3 and b"\\" not in tail:
-                    after.add(tail)
+                    literals.add(escape + tail)
                 else:
-                    anywhere.add(escape)  # escapes side by side: any occurrence may matter
+                    anywhere.add(escape)
                 at = written.find(escape, at + 2)
-    patterns = [re.escape(e) for e in sorted(anywhere)]
-    for escape, (before, after) in sorted(sides.items()):
-        if escape in anywhere:
-            continue
-        alternatives = []
-        if before:
-            alternatives.append(b"(?<=(?:" + b"|".join(map(re.escape, sorted(before))) + b")" + re.escape(escape) + b")")
-        if after:
-            alternatives.append(b"(?=" + b"|".join(map(re.escape, sorted(after))) + b")")
-        patterns.append(re.escape(escape) + b"(?:" + b"|".join(alternatives) + b")")
-    return patterns
+    return sorted(literals), [re.escape(e) for e in sorted(anywhere)]
 
 
 class _AnyOf:
@@ -802,7 +799,7 @@ class _AnyOf:
 
     __slots__ = ("_patterns", "_literals", "_by_literal", "_direct")
 
-    def __init__(self, patterns: list[bytes]) -> None:
+    def __init__(self, patterns: list[bytes], literals: list[bytes] = ()) -> None:
         compiled = [(_leading_literal(p), re.compile(p)) for p in patterns]
         # A line break escape is common in prose (`\\n` every few lines): its
         # patterns are searched directly (the regex engine finds the literal
@@ -810,8 +807,12 @@ class _AnyOf:
         # every occurrence.
         self._direct = [p for literal, p in compiled if literal in (b"\\n", b"\\r") and b"(?<=" in p.pattern]
         compiled = [(literal, p) for literal, p in compiled if p not in self._direct]
-        self._literals = list(dict.fromkeys(literal for literal, _ in compiled))
-        self._by_literal = [[p for literal, p in compiled if literal == lit] for lit in self._literals]
+        # A literal with no pattern of its own matters wherever it stands (by_literal None).
+        self._literals = list(dict.fromkeys([*(literal for literal, _ in compiled), *literals]))
+        plain = set(literals)
+        self._by_literal = [
+            None if lit in plain else [p for literal, p in compiled if literal == lit] for lit in self._literals
+        ]
         # One pass finds every leading literal (a DFA: a buffer full of escapes
         # that start no pattern, `\\u4e2d`, is read at memory speed).
         self._patterns = ahocorasick_rs.BytesAhoCorasick(
@@ -825,6 +826,8 @@ class _AnyOf:
         for index, start, _ in self._patterns.find_matches_as_indexes(data, overlapping=True):
             hits.setdefault(index, []).append(start)
         for index, starts in hits.items():
+            if self._by_literal[index] is None:
+                return True
             for pattern in self._by_literal[index]:
                 if len(starts) <= 32:
                     if any(pattern.match(data, at) for at in starts):

@@ -435,8 +435,19 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     # Narrow wrapping: a line of at least _MIN_WIDTH characters and another
     # after it (LF; CRLF below): the last line of a block may be one character.
     wrapped = b"\x01" * _MIN_WIDTH + b"\x02\x01"
+    patterns = [needle]
+    if b"\x02" in classes:  # line breaks: narrow wrapping too (LF, CRLF)
+        patterns += [wrapped, wrapped[: _MIN_WIDTH] + b"\x02" + wrapped[_MIN_WIDTH:]]
+    found = [classes.find(p) for p in patterns]  # the next occurrence of each, kept until passed
     pos = 0
-    while (hit := _next_run(classes, needle, wrapped, pos)) != -1:
+    while True:
+        for i, at in enumerate(found):
+            if at != -1 and at < pos:
+                found[i] = classes.find(patterns[i], pos)
+        hits = [at for at in found if at != -1]
+        if not hits:
+            break
+        hit = min(hits)
         start = classes.rfind(b"\x00", 0, hit) + 1
         end = classes.find(b"\x00", hit)
         if end == -1:
@@ -469,20 +480,6 @@ def _padding(data: bytes, end: int) -> int:
 
 
 _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
-
-
-def _next_run(classes: bytes, needle: bytes, wrapped: bytes, pos: int) -> int:
-    """Where the next run starts to show: SEED alphabet bytes in a row, or a line of at least _MIN_WIDTH and another."""
-    one = classes.find(needle, pos)
-    if b"\x02" not in classes:  # no line breaks at all: the common case
-        return one
-    limit = one if one != -1 else len(classes)
-    best = -1
-    for pattern in (wrapped, wrapped[: _MIN_WIDTH + 1] + b"\x02" + wrapped[_MIN_WIDTH + 1 :]):
-        at = classes.find(pattern, pos, limit + len(pattern))
-        if at != -1 and (best == -1 or at < best):
-            best = at
-    return best if best != -1 and (one == -1 or best < one) else one
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
