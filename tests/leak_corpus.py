@@ -912,3 +912,65 @@ def _judge_batch(up, chunk: list[Case], results: list[Result], oracle: Oracle, r
 
 #: The oracle under the name other suites (tests/test_bad_input.py) still use for it.
 Detector = Oracle
+
+
+# --- in-process replay (no proxy) ------------------------------------------------------------
+
+
+def replay_in_process(seed: int, n: int) -> list[str]:
+    """The seed's cases sealed by keyveil's Sealer directly, each location with
+    the carrier flags the pipeline passes (path: url; query: url and plus, piece
+    by piece then whole; form body: plus), judged by the same oracle and round
+    trip. A quick scan of many seeds; the proxy run stays the verdict (it also
+    judges blocking, injection, transports and outputs)."""
+    from keyveil._engine import Sealer
+    from keyveil._pipeline import protected_spans
+
+    values = make_values(seed)
+    sealer = Sealer({k: [v] for k, v in values.items()})
+    oracle = Oracle(values)
+    failures = []
+    for case in generate(seed, n, values):
+        if not case.name or case.generated is None or case.bound_leak:
+            continue
+        if case.location == "header" and case.header == NAME_HEADER:
+            continue
+        if case.location in ("path", "query"):
+            path, _, query = case.path.encode("latin-1").partition(b"?")
+            if case.location == "path":
+                got = sealer.seal(path, url=True).data + b"?" + query
+            else:
+                pieces = b"&".join(sealer.seal(p, url=True, plus=True).data for p in query.split(b"&"))
+                got = path + b"?" + sealer.seal(pieces, url=True, plus=True).data
+        elif case.location == "header":
+            head = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
+            got = sealer.seal(head + case.sent_form).data
+        elif case.transport == "ws":
+            got = sealer.seal(case.message.encode(), protected_spans).data
+        else:
+            before = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
+            body = before + case.sent_form + case.carrier[1]
+            got = sealer.seal(body, protected_spans, plus=case.body_kind == "form").data
+        if leaked := oracle.find(got):
+            failures.append(f"{case.describe()}: {leaked} recoverable after sealing")
+            continue
+        if not case.provider:
+            continue
+        span = split_carrier(got, *case.carrier)
+        if span is None:
+            failures.append(f"{case.describe()}: the text around the sealed value changed")
+            continue
+        url = case.location in ("query", "path")
+        failures += [f"{case.describe()}: {p}" for p in check_round_trip(case.generated, span, reference(case.name), url=url)]
+    return failures
+
+
+if __name__ == "__main__":  # python -m tests.leak_corpus SEED [SEED ...] (KEYVEIL_CORPUS_FAST_CASES cases each)
+    import sys
+
+    count = int(os.environ.get("KEYVEIL_CORPUS_FAST_CASES", "2000"))
+    for arg in sys.argv[1:]:
+        found = replay_in_process(int(arg), count)
+        print(f"seed {arg}: {len(found)} failing cases of {count} (in process)")
+        for line in found:
+            print("  " + line)
