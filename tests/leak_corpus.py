@@ -460,8 +460,8 @@ def generate(seed: int, n: int, values: dict[str, bytes]) -> list[Case]:
             assert attempts < 50, f"case {i}: no form of the value fits its location (test bug)"
             form_label = decks["form"].draw(can_fit)
             made = _fitting_form(value, form_label, rng, location, header, transport, kind)
-            if made and decoy != "none" and oracle.find(made[1] + made[0].data):
-                made = None  # the near miss and its slot spelled a value after all: not a decoy
+            if made and decoy != "none" and _spells_value(oracle, made[1] + made[0].data):
+                made = None  # the near miss and its slot (or what stands around it) spelled a value after all: not a decoy
             if made and decoy == "ref" and location == "query" and b"&" in made[0].data:
                 made = None  # its own parameters (client_secret=...) would put the reference in an auth position
         generated, prefix = made if made else (None, b"")
@@ -473,6 +473,16 @@ def generate(seed: int, n: int, values: dict[str, bytes]) -> list[Case]:
         _assemble(case, rng)
         cases.append(case)
     return cases
+
+
+#: What may stand right before and after a form in its location (build_body, _assemble):
+#: a near miss that these complete to a value is no decoy.
+_BEFORE = (b"", b"=", b" ", b"/", b"TOKEN=", b"note=", b"session=")
+_AFTER = (b"", b"&", b"&b=2", b"\n", b" ", b"?", b'"', b"\r\n")
+
+
+def _spells_value(oracle: Oracle, sent: bytes) -> bool:
+    return any(oracle.find(before + sent + after) for before in _BEFORE for after in _AFTER)
 
 
 def _assemble(case: Case, rng: Random) -> None:
@@ -931,6 +941,13 @@ def replay_in_process(seed: int, n: int) -> list[str]:
     oracle = Oracle(values)
     failures = []
     for case in generate(seed, n, values):
+        if case.decoy != "none" and case.generated is not None:
+            element = case.path.encode("latin-1") if case.location in ("path", "query") else case.sent_form
+            if case.location == "body":
+                element = case.message.encode() if case.transport == "ws" else case.carrier[0] + case.sent_form + case.carrier[1]
+            if sealer.find_names(element):
+                failures.append(f"{case.describe()}: a decoy holding no value was found as one (over-sealing)")
+            continue
         if not case.name or case.generated is None or case.bound_leak:
             continue
         if case.location == "header" and case.header == NAME_HEADER:
