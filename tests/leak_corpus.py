@@ -460,8 +460,8 @@ def generate(seed: int, n: int, values: dict[str, bytes]) -> list[Case]:
             assert attempts < 50, f"case {i}: no form of the value fits its location (test bug)"
             form_label = decks["form"].draw(can_fit)
             made = _fitting_form(value, form_label, rng, location, header, transport, kind)
-            if made and decoy != "none" and oracle.find(made[1] + made[0].data):
-                made = None  # the near miss and its slot spelled a value after all: not a decoy
+            if made and decoy != "none" and _spells_value(oracle, made[1] + made[0].data):
+                made = None  # the near miss and its slot (or what stands around it) spelled a value after all: not a decoy
             if made and decoy == "ref" and location == "query" and b"&" in made[0].data:
                 made = None  # its own parameters (client_secret=...) would put the reference in an auth position
         generated, prefix = made if made else (None, b"")
@@ -473,6 +473,16 @@ def generate(seed: int, n: int, values: dict[str, bytes]) -> list[Case]:
         _assemble(case, rng)
         cases.append(case)
     return cases
+
+
+#: What may stand right before and after a form in its location (build_body, _assemble):
+#: a near miss that these complete to a value is no decoy.
+_BEFORE = (b"", b"=", b" ", b"/", b"TOKEN=", b"note=", b"session=")
+_AFTER = (b"", b"&", b"&b=2", b"\n", b" ", b"?", b'"', b"\r\n")
+
+
+def _spells_value(oracle: Oracle, sent: bytes) -> bool:
+    return any(oracle.find(before + sent + after) for before in _BEFORE for after in _AFTER)
 
 
 def _assemble(case: Case, rng: Random) -> None:
@@ -912,3 +922,72 @@ def _judge_batch(up, chunk: list[Case], results: list[Result], oracle: Oracle, r
 
 #: The oracle under the name other suites (tests/test_bad_input.py) still use for it.
 Detector = Oracle
+
+
+# --- in-process replay (no proxy) ------------------------------------------------------------
+
+
+def replay_in_process(seed: int, n: int) -> list[str]:
+    """The seed's cases sealed by keyveil's Sealer directly, each location with
+    the carrier flags the pipeline passes (path: url; query: url and plus, piece
+    by piece then whole; form body: plus), judged by the same oracle and round
+    trip. A quick scan of many seeds; the proxy run stays the verdict (it also
+    judges blocking, injection, transports and outputs)."""
+    from keyveil._engine import Sealer
+    from keyveil._pipeline import protected_spans
+
+    values = make_values(seed)
+    sealer = Sealer({k: [v] for k, v in values.items()})
+    oracle = Oracle(values)
+    failures = []
+    for case in generate(seed, n, values):
+        if case.decoy != "none" and case.generated is not None:
+            element = case.path.encode("latin-1") if case.location in ("path", "query") else case.sent_form
+            if case.location == "body":
+                element = case.message.encode() if case.transport == "ws" else case.carrier[0] + case.sent_form + case.carrier[1]
+            if sealer.find_names(element):
+                failures.append(f"{case.describe()}: a decoy holding no value was found as one (over-sealing)")
+            continue
+        if not case.name or case.generated is None or case.bound_leak:
+            continue
+        if case.location == "header" and case.header == NAME_HEADER:
+            continue
+        if case.location in ("path", "query"):
+            path, _, query = case.path.encode("latin-1").partition(b"?")
+            if case.location == "path":
+                got = sealer.seal(path, url=True).data + b"?" + query
+            else:
+                pieces = b"&".join(sealer.seal(p, url=True, plus=True).data for p in query.split(b"&"))
+                got = path + b"?" + sealer.seal(pieces, url=True, plus=True).data
+        elif case.location == "header":
+            head = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
+            got = sealer.seal(head + case.sent_form).data
+        elif case.transport == "ws":
+            got = sealer.seal(case.message.encode(), protected_spans).data
+        else:
+            before = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
+            body = before + case.sent_form + case.carrier[1]
+            got = sealer.seal(body, protected_spans, plus=case.body_kind == "form").data
+        if leaked := oracle.find(got):
+            failures.append(f"{case.describe()}: {leaked} recoverable after sealing")
+            continue
+        if not case.provider:
+            continue
+        span = split_carrier(got, *case.carrier)
+        if span is None:
+            failures.append(f"{case.describe()}: the text around the sealed value changed")
+            continue
+        url = case.location in ("query", "path")
+        failures += [f"{case.describe()}: {p}" for p in check_round_trip(case.generated, span, reference(case.name), url=url)]
+    return failures
+
+
+if __name__ == "__main__":  # python -m tests.leak_corpus SEED [SEED ...] (KEYVEIL_CORPUS_FAST_CASES cases each)
+    import sys
+
+    count = int(os.environ.get("KEYVEIL_CORPUS_FAST_CASES", "2000"))
+    for arg in sys.argv[1:]:
+        found = replay_in_process(int(arg), count)
+        print(f"seed {arg}: {len(found)} failing cases of {count} (in process)")
+        for line in found:
+            print("  " + line)

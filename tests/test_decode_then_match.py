@@ -181,3 +181,23 @@ def test_a_long_streamed_base64_run_is_transcoded_past_the_bound(sealer, value):
     decoded = base64.b64decode(out.replace(b"\n", b""))
     assert value not in decoded and stream.counts[NAME] == 2
     assert decoded.replace(REF + b"  ", REF).replace(REF + b" ", REF) == payload.replace(value, REF)
+
+
+def test_a_long_json_body_is_mapped_back_around_each_value():
+    """Past a few kilobytes the JSON view is mapped back in windows: values far apart, escaped, still seal exactly."""
+    import json as _json
+    import secrets as _secrets
+
+    from keyveil._engine import Sealer as _Sealer
+
+    values = {f"t/v{i}": ("kv" + _secrets.token_urlsafe(24) + '"/\\').encode() for i in range(3)}
+    sealer = _Sealer({k: [v] for k, v in values.items()})
+    prose = 'a line of "quoted" prose\nwith C:\\path and \u4e2d\u6587\n' * 400
+    texts = [prose + v.decode() + prose for v in values.values()]
+    for ensure_ascii in (True, False):
+        body = _json.dumps({"messages": texts}, ensure_ascii=ensure_ascii).encode().replace(b"/", b"\\/")
+        assert len(body) > 50_000
+        sealed = sealer.seal(body)
+        assert sorted(sealed.counts) == sorted(values)
+        want = [prose + "{{secret:" + name + "}}" + prose for name in values]
+        assert _json.loads(sealed.data) == {"messages": want}

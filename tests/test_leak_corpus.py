@@ -29,10 +29,10 @@ SOAK_CASES = int(os.environ.get("KEYVEIL_SOAK_CASES", "20000"))
 
 
 #: `make test` replays one seed (CI is reproducible); `make soak` draws a new one
-#: each run. With random seeds, 3-9 of 2,000 cases still fail today, all in
-#: shapes docs/encodings.md lists as open (a percent layer with `+` for space
-#: outside a query or form; percent-encoded base64 wrapped after a path prefix).
-FAST_SEED = 16
+#: each run (KEYVEIL_CORPUS_SEED replays either). The seed is issue 8's number,
+#: fixed before it was ever run: not picked among seeds for passing. Seed 16,
+#: the one before, was picked when 3-9 of 2,000 cases of other seeds failed.
+FAST_SEED = 8
 
 
 @pytest.fixture(scope="module")

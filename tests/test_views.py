@@ -147,3 +147,24 @@ def test_base64_view_from_each_offset():
     (run,) = base64_runs(raw, 12)
     decoded = [Base64View(raw, run, align).data for align in range(4)]
     assert any(payload in d for d in decoded)
+
+
+def test_json_windows_map_spans_as_the_whole_view_does():
+    """A long buffer is mapped back in windows around a match; each span comes out as the whole view gives it."""
+    from random import Random
+
+    from keyveil._views import json_windows
+
+    rng = Random(8)
+    pieces = ['\\n', '\\"', "\\u00e9", "\\ud83d\\udd11", "\\\\", "\\/", "plain text ", "\\u4e2d", "x" * 40]
+    raw = "".join(rng.choice(pieces) for _ in range(9000)).encode()
+    whole = JsonView.build(raw)
+    assert whole.data == json_unescape(raw)
+    for _ in range(200):
+        start = rng.randrange(len(whole.data) - 50)
+        end = start + rng.randrange(1, 50)
+        (window,) = json_windows(raw, whole.data, [(start, end)])
+        assert window.agrees() and window.holds(start, end)
+        assert window.span(start, end) == whole.span(start, end)
+        for at in (start, end):
+            assert window.boundary(at) == whole.boundary(at)

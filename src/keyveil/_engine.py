@@ -19,11 +19,14 @@ value: only names.
 from __future__ import annotations
 
 import binascii
+from json import dumps as _json_dumps
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import quote, unquote_to_bytes
+
+import ahocorasick_rs
 
 from ._errors import KeyveilError
 from ._matcher import Matcher
@@ -39,6 +42,7 @@ from ._views import (
     Run,
     base64_runs,
     json_unescape,
+    json_windows,
 )
 
 #: how many layers of encoding are decoded, in any order (SPEC §3 asks for two)
@@ -49,7 +53,12 @@ SHORT_RUN = 512
 #: a stream holds back at most this much of a base64 run still being written;
 #: past it, the run is sealed group by group (see StreamSealer)
 STREAM_RUN_BOUND = 1 << 20
-_MAX_ROUNDS = 8  # seal, then look again: a base64 run may hide a second value
+_MIN_WRAP = 12  # the narrowest wrapped base64 line looked for inside a JSON string (as _views._MIN_WIDTH)
+_MAX_ROUNDS = 8
+_WHOLE_VIEW = 16384  # a JSON buffer up to this size is mapped back whole; a longer one in windows
+_PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")
+_PERCENT_BREAK = re.compile(rb"%0[aAdD]")
+_PERCENT_PLUS = re.compile(rb"%2[bB]")  # seal, then look again: a base64 run may hide a second value
 # Bytes that take part in the encodings themselves: base64, escapes, line breaks.
 _SYNTAX = frozenset(B64_ALPHABET + b"=\\%+/\r\n")
 
@@ -122,58 +131,129 @@ class Sealer:
 
     # -- finding ------------------------------------------------------------------
 
-    def _find(self, data: bytes, depth: int, text: bool = True, plus: bool = False) -> list[Edit]:
+    def _find(
+        self, data: bytes, depth: int, text: bool = True, plus: bool = False,
+        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None,
+    ) -> list[Edit]:
         """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already.
 
-        PLUS: DATA is a query string or a form body, where `+` is a space."""
+        PLUS: DATA is a query string or a form body, where `+` is a space.
+        SPACED: gives DATA with each `+` the layer above wrote as a plain `+`
+        (not `%2B`) made a space; None when every `+` of DATA was written plainly.
+        LAYOUT: DATA with each line break the layer above wrote plainly (not
+        `%0A`) made a NUL, where it wrote others escaped: a base64 block it
+        escaped ends at a plain one. None: every line break is alike."""
         edits = [
             Edit(start, end, self._references[index], (self._names[index],), depth)
             for index, start, end in self._raw.find(data)
         ]
         if depth < MAX_LAYERS and self._values:
-            edits += self._in_views(data, depth, text, plus)
+            edits += self._in_views(data, depth, text, plus, spaced, layout)
         return _resolve(edits)
 
-    def _in_views(self, data: bytes, depth: int, text: bool = True, plus: bool = False) -> list[Edit]:
+    def _in_views(
+        self, data: bytes, depth: int, text: bool = True, plus: bool = False,
+        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None,
+    ) -> list[Edit]:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
-        json = text and b"\\" in data and self._json_trigger.search(data) is not None
+        json = text and b"\\" in data and self._json_trigger.search(data)
         if json:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
         percent = text and b"%" in data and self._percent_trigger.search(data) is not None
+        # The escapes whose views are built: a base64 run they cut or touch is
+        # whole in those views, and looked at there only.
+        views = b"\\" if json else b""
         if plus and (percent or b"+" in data):
             # A query or form: `+` is a space; a layer inside may have kept a
             # literal `+` of the value (quote with `+` safe): both readings.
             found_plus = self._in_percent(data, depth, plus=True)
             if not found_plus and percent:
                 found_plus = self._in_percent(data, depth, plus=False)
-            percent = True
+            views += b"%+"
             edits += found_plus
         else:
             if percent:
                 edits += self._in_percent(data, depth, plus=False)
+                views += b"%"
             if text and self._plus and b"+" in data:
                 edits += self._in_percent(data, depth, plus=True)
+                views += b"%+"
         if self._min_run and len(data) >= self._min_run:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
             # view that decodes the escape: it is looked at there, not here.
             found: list[Edit] = []
-            runs = list(base64_runs(data, self._min_run, plus=plus))
+            lines = data if layout is None else layout
+            runs = [(run, plus) for run in base64_runs(lines, self._min_run, plus=plus)]
             if plus:
                 # `+` is a space here, but a client may have left base64's `+` unescaped:
-                # the runs read with `+` as a base64 character are looked at too.
-                runs += [Run(r.start, r.end, r.padding, True) for r in base64_runs(data, self._min_run)]
-            for run in runs:
-                if (json or percent) and _touches_escape(data, run):
+                # the runs read with `+` as a base64 character are looked at too
+                # (and written back as the client wrote them).
+                runs += [(Run(r.start, r.end, r.padding, True), False) for r in base64_runs(lines, self._min_run)]
+            for run, escape_plus in runs:
+                if views and _touches(data, run.start, run.end + run.padding, views):
                     continue
-                if run.alternative and any(e.start < run.end and run.start < e.end for e in (*edits, *found)):
-                    continue  # another reading of these bytes found a value: it stands
-                found += self._in_run(data, run, depth)
+                overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
+                if run.alternative and overlap:
+                    # Another reading of these bytes found a value: it stands, unless
+                    # this is a form's run read with `+` as base64 and the other one
+                    # was decoded after a prefix (`+Gh0…`: a base64 `+` left
+                    # unescaped) or cut short of this run's padding (`…Ucyt+Cc=`).
+                    if escape_plus or not plus:
+                        continue
+                    if not all(e.glued for e in overlap) and not (run.padding and all(e.end < run.end for e in overlap)):
+                        continue
+                run_edits, align = self._run_edits(data, run, depth)
+                if run.alternative and overlap:
+                    if not run_edits or align:
+                        continue
+                    found = [e for e in found if e not in overlap]
+                elif run.alternative and not run_edits and plus and not escape_plus:
+                    continue
+                chars = data[run.start : run.end]
+                # A `+` in a run decoded after a prefix, or among URL-safe characters
+                # (which base64 never mixes with `+`), may be a space.
+                if not plus and run_edits and b"+" in chars and (align or b"-" in chars or b"_" in chars):
+                    pieces = self._in_plus_pieces(data, run, depth, spaced)
+                    if pieces:
+                        run_edits, align = pieces, 0
+                if escape_plus:  # a run written back into a query or form: its `+` is not a space
+                    run_edits = [_plus_edit(e) for e in run_edits]
+                if align:
+                    # Decoded after a glued prefix: a reading that decodes from its
+                    # own first character takes its place.
+                    run_edits = [replace(e, glued=True) for e in run_edits]
+                found += run_edits
             edits += found
         return edits
+
+    def _in_plus_pieces(self, data: bytes, run: Run, depth: int, spaced: Callable[[], bytes] | None) -> list[Edit]:
+        """A run holding `+` that decodes to a value only after a glued prefix may
+        be text percent-encoded with `+` for a space (`blob+<base64>+end` in a
+        header): when a piece between `+` decodes to a value from its own first
+        character, the pieces are the runs, and what lies outside them keeps its bytes.
+        Only a `+` written plainly one layer up separates pieces (SPACED), never a `%2B`."""
+        end = run.end + run.padding
+        if spaced is None:
+            pieces = base64_runs(data[run.start : end], self._min_run, plus=True)
+        else:
+            spaced_data = spaced()
+            if b" " not in spaced_data[run.start : run.end]:
+                return []
+            pieces = base64_runs(spaced_data[run.start : end], self._min_run)
+        pieces = [Run(r.start + run.start, r.end + run.start, r.padding, r.alternative) for r in pieces]
+        edits: list[Edit] = []
+        aligned = False
+        for piece in pieces:
+            if piece.alternative and any(e.start < piece.end and piece.start < e.end for e in edits):
+                continue
+            piece_edits, align = self._run_edits(data, piece, depth)
+            aligned = aligned or (bool(piece_edits) and align == 0)
+            edits += piece_edits
+        return edits if aligned else []
 
     def _in_json(self, data: bytes, depth: int) -> list[Edit]:
         # Decoded at C speed first; the map back is built only when there is
@@ -182,15 +262,39 @@ class Sealer:
         sub = self._find(decoded, depth + 1)
         if not sub:
             return []
-        view = JsonView.build(data)
-        if view.data != decoded:
+        if len(data) <= _WHOLE_VIEW:
+            view = JsonView.build(data)
+            if view.data != decoded:
+                raise SealError("keyveil's two JSON decoders disagree on a buffer; it is blocked")
+            return self._lift_edits(view, sub, depth)
+        # A long buffer: mapped back only in windows around what was found.
+        windows = json_windows(data, decoded, [(e.start, e.end) for e in sub])
+        if not all(w.agrees() for w in windows):
             raise SealError("keyveil's two JSON decoders disagree on a buffer; it is blocked")
-        return self._lift_edits(view, sub, depth)
+        out: list[Edit] = []
+        for e in sub:
+            window = next((w for w in windows if w.holds(e.start, e.end)), None)
+            if window is None:
+                raise SealError("keyveil could not map a sealed span back to its buffer; it is blocked")
+            out += self._lift_edits(window, [e], depth)
+        return out
 
     def _in_percent(self, data: bytes, depth: int, plus: bool) -> list[Edit]:
         # As for JSON: the standard library decodes first, the map is built on a find.
         decoded = unquote_to_bytes(data.replace(b"+", b" ") if plus else data)
-        sub = self._find(decoded, depth + 1)
+        # Which line breaks were written plainly, where others were escaped (`%0A`).
+        layout = None
+        breaks = (b"\n" in data or b"\r" in data) and _PERCENT_BREAK.search(data) is not None
+        if breaks:
+            cut = data.translate(_PLAIN_BREAKS)
+            layout = unquote_to_bytes(cut.replace(b"+", b" ") if plus else cut)
+        # Which `+` of DECODED were written plainly (a space, read with `+` for
+        # space) and which as `%2B`: worked out only when a run asks.
+        spaced = None
+        if not plus and b"+" in data and _PERCENT_PLUS.search(data) is not None:
+            source = data.translate(_PLAIN_BREAKS) if breaks else data
+            spaced = lambda: unquote_to_bytes(source.replace(b"+", b" "))  # noqa: E731
+        sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout)
         if not sub:
             return []
         view = PercentView(data, plus=plus)
@@ -205,10 +309,17 @@ class Sealer:
             start, end = view.span(e.start, e.end)
             if e.base64 and end - start == e.end - e.start and not view.escaped(start, end) and not _touches(view.raw, start, end):
                 continue  # a run no escape cuts or touches: the layer below seals it (one answer, however chunked)
-            out.append(Edit(start, end, view.encode(e.replacement, start, end), e.names, e.depth, e.base64, view.kind))
+            # Only the bytes that change are written again: the rest of the
+            # span keeps its bytes as they were (a `+` that was a space stays
+            # one, `%0d%0a` keeps its case), in the span's own habits.
+            v_start, v_end, replacement = _trimmed(view, e)
+            t_start, t_end = view.span(v_start, v_end)
+            encoded = view.encode(replacement, t_start, t_end, habit=(start, end))
+            out.append(Edit(t_start, t_end, encoded, e.names, e.depth, e.base64, view.kind, e.glued))
         return out
 
-    def _in_run(self, data: bytes, run: Run, depth: int) -> list[Edit]:
+    def _run_edits(self, data: bytes, run: Run, depth: int) -> tuple[list[Edit], int]:
+        """The edit that seals a base64 run (none or one), and the character offset it was decoded from."""
         for align in _offsets(data, run):
             view = Base64View(data, run, align)
             if not view.data:
@@ -217,8 +328,8 @@ class Sealer:
             if sub:
                 edit = view.reencode(_apply(view.data, sub), min(e.start for e in sub))
                 names = tuple(n for e in sub for n in e.names)
-                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")]
-        return []
+                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")], align
+        return [], 0
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""
@@ -254,8 +365,6 @@ class Sealer:
                 return result
             if url:
                 edits = [_url_edit(e) if e.layer in ("raw", "json") else e for e in edits]
-            if plus:  # a base64 run written back into a query or form: its `+` is not a space
-                edits = [_plus_edit(e) if e.layer == "base64" else e for e in edits]
             result.data = _apply(result.data, edits)
             result.counts.update(n for e in edits for n in e.names)
         if self._find(result.data, 0, plus=plus):
@@ -515,21 +624,45 @@ class _RunTranscoder:
 
 def _url_edit(edit: Edit) -> Edit:
     reference = quote(edit.replacement, safe="").encode("ascii")
-    return Edit(edit.start, edit.end, reference, edit.names, edit.depth, edit.base64, "percent")
+    return replace(edit, replacement=reference, layer="percent")
 
 
 def _plus_edit(edit: Edit) -> Edit:
-    return Edit(edit.start, edit.end, edit.replacement.replace(b"+", b"%2B"), edit.names, edit.depth, edit.base64, edit.layer)
+    return replace(edit, replacement=edit.replacement.replace(b"+", b"%2B"))
 
 
-def _touches_escape(data: bytes, run: Run) -> bool:
-    return _touches(data, run.start, run.end + run.padding)
+def _trimmed(view, edit: Edit) -> tuple[int, int, bytes]:
+    """EDIT's view span and replacement without the bytes they share at either end
+    (cut only where the view maps back between raw bytes, never inside an escape)."""
+    old = view.data[edit.start : edit.end]
+    new = edit.replacement
+    limit = min(len(old), len(new)) - 1  # at least one byte of the span is replaced
+    head = _common_prefix(old, new, limit)
+    while head and not view.boundary(edit.start + head):
+        head -= 1
+    tail = _common_prefix(old[::-1], new[::-1], limit - head)
+    while tail and not view.boundary(edit.end - tail):
+        tail -= 1
+    return edit.start + head, edit.end - tail, new[head : len(new) - tail]
 
 
-def _touches(data: bytes, start: int, end: int) -> bool:
-    """Whether an escape (`\\…`, `%XX`, a `+` for a space) sits right before or after DATA[START:END]."""
-    return data[start - 1 : start] in (b"\\", b"%", b"+") or data[end : end + 1] in (b"\\", b"%", b"+") or (
-        start >= 3 and data[start - 3 : start - 2] == b"%"
+def _common_prefix(a: bytes, b: bytes, limit: int) -> int:
+    """How many leading bytes A and B share, at most LIMIT (slice comparisons: C speed on long runs)."""
+    low, high = 0, max(0, limit)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _touches(data: bytes, start: int, end: int, escapes: bytes = b"\\%+") -> bool:
+    """Whether an escape (`\\…`, `%XX`, a `+` for a space; those in ESCAPES) sits right before or after DATA[START:END]."""
+    before, after = data[start - 1 : start], data[end : end + 1]
+    return bool(before and before in escapes) or bool(after and after in escapes) or (
+        b"%" in escapes and start >= 3 and data[start - 3 : start - 2] == b"%"
     )
 
 
@@ -539,9 +672,16 @@ def _is_text(data: bytes) -> bool:
     bytes before the text), and mostly printable."""
     if len(data) <= 64 or data.isascii():
         return True
+    if len(data) > 4 * _TEXT_SAMPLE and not any(
+        _is_text(data[at : at + _TEXT_SAMPLE]) for at in (0, len(data) // 2, len(data) - _TEXT_SAMPLE)
+    ):
+        return False  # a long payload whose start, middle and end are binary (an image): not read whole
     if data.decode("utf-8", "replace").count("\ufffd") > 8:
         return False
     return len(data.translate(None, _TEXT_BYTES)) <= len(data) // 4
+
+
+_TEXT_SAMPLE = 4096
 
 
 _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
@@ -569,11 +709,16 @@ def _offsets(data: bytes, run: Run) -> list[int]:
     return offsets
 
 
-def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """Regexes for the escapes that can matter: ones that decode to a byte of
+def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
+    """Tests for the escapes that can matter: ones that decode to a byte of
     some value or of an encoding's own syntax. Any other escape (a CJK
     character, an ANSI colour code, a quote) cannot be part of a form, so a
-    buffer holding only those needs no decoded view."""
+    buffer holding only those needs no decoded view.
+
+    The JSON test is a few patterns, each starting with a literal (`\\u00`,
+    `\\n` …) that the regex engine finds at C speed: one pattern with an
+    alternation after `\\` would be tried at every backslash of a buffer
+    full of irrelevant escapes (ensure_ascii JSON of CJK text)."""
     relevant = set(_SYNTAX)
     values_bytes: set[int] = set()
     wide: set[int] = set()
@@ -584,25 +729,128 @@ def _triggers(values: list[bytes]) -> tuple[re.Pattern[bytes], re.Pattern[bytes]
             wide.update(ord(c) for c in v.decode("utf-8") if ord(c) > 0x7F)
         except UnicodeDecodeError:
             wide.add(-1)  # a value that is not UTF-8: every \\u escape may matter
-    units = [_hex_alternatives("00", {c for c in relevant if c < 0x80})]
-    units += [_cased(f"{c:04x}") for c in sorted(wide) if 0 < c <= 0xFFFF]
-    if any(c > 0xFFFF for c in wide):
-        units.append("[dD][89abAB][0-9a-fA-F]{2}")  # a surrogate pair: any character beyond U+FFFF
-    short = {ord('"'): '"', ord("/"): "/", 8: "b", 12: "f", 10: "n", 13: "r", 9: "t"}
-    shorts = "".join(re.escape(ch) for c, ch in short.items() if c in values_bytes)
-    unicode_part = "[0-9a-fA-F]{4}" if -1 in wide else "(?:" + "|".join(units) + ")"
-    # `\\` matters when a value holds a backslash, or when it escapes a
-    # further escape (a JSON string inside a JSON string); `\n` right before a
-    # long base64 line is base64 wrapped inside a JSON string; `\/` is in the
-    # base64 alphabet.
-    b64 = "[A-Za-z0-9+/_-]"
-    backslash = r"\\" if ord("\\") in values_bytes else rf"\\(?=u[0-9a-fA-F]{{4}}|/|\\|[rn]{b64}{{16}})"
-    wrapped = rf"[rn]{b64}{{16}}|(?<={b64}{{16}}\\)[rn]"
-    json_trigger = re.compile(
-        rf"\\(?:u{unicode_part}|/|{backslash}|{wrapped}{'|[' + shorts + ']' if shorts else ''})".encode()
-    )
+    patterns: list[bytes] = []
+    if -1 in wide:
+        patterns.append(rb"\\u[0-9a-fA-F]{4}")
+    else:
+        latin = {c for c in relevant if c < 0x80} | {c for c in wide if c <= 0xFF}
+        patterns.append(("\\\\u" + _hex_alternatives("00", latin)).encode())
+        higher = sorted(c for c in wide if 0xFF < c <= 0xFFFF)
+        if len(higher) > 16:
+            patterns.append(rb"\\u[0-9a-fA-F]{4}")
+        else:
+            # `\\u20ac`: the first hex digit starts the literal where it is a digit.
+            patterns += [("\\\\u" + _cased(f"{c:04x}")).encode() for c in higher]
+        if any(c > 0xFFFF for c in wide):
+            patterns += [rb"\\ud[89abAB]", rb"\\uD[89abAB]"]  # a surrogate pair: any character beyond U+FFFF
+    short_literals, short_patterns = _short_escapes(values)
+    patterns += short_patterns
+    # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
+    # backslash, or when it escapes a further escape (JSON inside a JSON string).
+    patterns.append(rb"\\/")
+    patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
+    # Base64 wrapped inside a JSON string: a line of base64 (`\\/` and doubled
+    # backslashes count) as wide as the narrowest wrapping, a line break
+    # escape, more base64. The lookbehind comes after the literal it checks.
+    line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
+    patterns.append(rf"\\n(?<={line}\\n)(?=[A-Za-z0-9+/_=-]|\\/)".encode())
+    patterns.append(rf"\\r(?<={line}\\r)(?=[A-Za-z0-9+/_=-]|\\/|\\n)".encode())
     percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
-    return json_trigger, percent_trigger
+    return _AnyOf(patterns, short_literals), percent_trigger
+
+
+_SHORT_ESCAPES = {ord('"'): b'\\"', 8: b"\\b", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t"}
+
+
+def _short_escapes(values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """What makes a short escape (`\\"`, `\\n` …) of a byte values hold matter:
+    (literals, patterns). Prose in JSON is full of `\\"` and `\\n`: such an
+    escape matters only where it stands next to what stands next to that byte
+    in a value as an encoder writes it (three characters of it on one side,
+    as ``json.dumps`` writes them): those are literals. A value whose
+    neighbours an encoder escapes in other ways (`\\u0041\\"`) is caught by
+    the `\\u` and `\\\\` patterns; escapes side by side in a value make the
+    escape matter wherever it stands (a pattern)."""
+    literals: set[bytes] = set()
+    anywhere: set[bytes] = set()
+    for v in values:
+        try:
+            written = _json_dumps(v.decode("utf-8"), ensure_ascii=False)[1:-1].encode("utf-8")
+        except UnicodeDecodeError:
+            anywhere.update(_SHORT_ESCAPES[c] for c in set(v) if c in _SHORT_ESCAPES)
+            continue
+        for escape in {_SHORT_ESCAPES[c] for c in set(v) if c in _SHORT_ESCAPES}:
+            at = written.find(escape)
+            while at != -1:
+                head, tail = written[max(0, at - 3) : at], written[at + 2 : at + 5]
+                if len(head) == 3 and b"\\" not in head:
+                    literals.add(head + escape)
+                elif len(tail) == 3 and b"\\" not in tail:
+                    literals.add(escape + tail)
+                else:
+                    anywhere.add(escape)
+                at = written.find(escape, at + 2)
+    return sorted(literals), [re.escape(e) for e in sorted(anywhere)]
+
+
+class _AnyOf:
+    """Whether any of several patterns occurs (each searched on its own, only
+    where its leading literal occurs: ``bytes.find`` runs at memory speed)."""
+
+    __slots__ = ("_patterns", "_literals", "_by_literal", "_direct")
+
+    def __init__(self, patterns: list[bytes], literals: list[bytes] = ()) -> None:
+        compiled = [(_leading_literal(p), re.compile(p)) for p in patterns]
+        # A line break escape is common in prose (`\\n` every few lines): its
+        # patterns are searched directly (the regex engine finds the literal
+        # at C speed and checks the lookbehind there) rather than listing
+        # every occurrence.
+        self._direct = [p for literal, p in compiled if literal in (b"\\n", b"\\r") and b"(?<=" in p.pattern]
+        compiled = [(literal, p) for literal, p in compiled if p not in self._direct]
+        # A literal with no pattern of its own matters wherever it stands (by_literal None).
+        self._literals = list(dict.fromkeys([*(literal for literal, _ in compiled), *literals]))
+        plain = set(literals)
+        self._by_literal = [
+            None if lit in plain else [p for literal, p in compiled if literal == lit] for lit in self._literals
+        ]
+        # One pass finds every leading literal (a DFA: a buffer full of escapes
+        # that start no pattern, `\\u4e2d`, is read at memory speed).
+        self._patterns = ahocorasick_rs.BytesAhoCorasick(
+            self._literals, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
+        )
+
+    def search(self, data: bytes) -> bool:
+        if any(p.search(data) is not None for p in self._direct):
+            return True
+        hits: dict[int, list[int]] = {}
+        for index, start, _ in self._patterns.find_matches_as_indexes(data, overlapping=True):
+            hits.setdefault(index, []).append(start)
+        for index, starts in hits.items():
+            if self._by_literal[index] is None:
+                return True
+            for pattern in self._by_literal[index]:
+                if len(starts) <= 32:
+                    if any(pattern.match(data, at) for at in starts):
+                        return True
+                elif pattern.search(data, starts[0]) is not None:
+                    return True
+        return False
+
+
+def _leading_literal(pattern: bytes) -> bytes:
+    """The bytes every match of PATTERN starts with (its escaped backslashes and plain characters)."""
+    out = bytearray()
+    i = 0
+    while i < len(pattern):
+        if pattern[i : i + 2] == b"\\\\":
+            out += b"\\"
+            i += 2
+        elif pattern[i] not in b".^$*+?{}[]\\|()" and pattern[i + 1 : i + 2] not in (b"{", b"*", b"?", b"+"):
+            out += pattern[i : i + 1]
+            i += 1
+        else:
+            break
+    return bytes(out)
 
 
 def _cased(hex_digits: str) -> str:

@@ -59,8 +59,14 @@ class Matcher:
         if anchors:
             keys = list(anchors)
             group = _TEDDY_MAX if len(keys) <= _GROUPED_MAX else len(keys)
+            # A DFA: on text where anchors' first bytes are common (base64, hex)
+            # the prefilter cannot skip, and a DFA steps 2-3× faster than the NFA.
             self._detect = [
-                ahocorasick_rs.BytesAhoCorasick(keys[i : i + group], matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+                ahocorasick_rs.BytesAhoCorasick(
+                    keys[i : i + group],
+                    matchkind=ahocorasick_rs.MatchKind.LeftmostFirst,
+                    implementation=ahocorasick_rs.Implementation.DFA,
+                )
                 for i in range(0, len(keys), group)
             ]
             self._candidates = ahocorasick_rs.BytesAhoCorasick(

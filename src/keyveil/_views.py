@@ -40,6 +40,7 @@ class Edit:
     depth: int = 0  # how many layers down the value was found (0: raw)
     base64: bool = False  # a base64 run is re-encoded (vendor-signed fields keep theirs)
     layer: str = "raw"  # the view it was written back through last: raw, json, percent, base64
+    glued: bool = False  # found in a base64 run decoded after a prefix (not from its first character)
 
 
 # -- JSON string escapes ------------------------------------------------------------------
@@ -195,6 +196,11 @@ class JsonView:
             raw_end = self._raw_start(last + 1)
         return raw_start, raw_end
 
+    def boundary(self, at: int) -> bool:
+        """Whether view offset AT falls between two raw bytes (not inside what one escape decodes to)."""
+        unit = self._unit(at)
+        return self._raw_starts[unit] >= 0 or self._view_starts[unit] == at
+
     @property
     def raw(self) -> bytes:
         return self._raw
@@ -203,14 +209,103 @@ class JsonView:
         """Whether the raw span holds an escape of this layer."""
         return b"\\" in self._raw[raw_start:raw_end]
 
-    def encode(self, replacement: bytes, raw_start: int, raw_end: int) -> bytes:
-        """REPLACEMENT as a JSON string writes it, keeping the `\\/` habit of the span."""
+    def encode(self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None) -> bytes:
+        """REPLACEMENT as a JSON string writes it, keeping the `\\/` habit of the span (or of HABIT, a wider one)."""
         out = replacement.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
         if any(c < 0x20 for c in out):
             out = re.sub(rb"[\x00-\x1f]", _json_control, out)
+        raw_start, raw_end = habit or (raw_start, raw_end)
         if self._slash and _escapes_slash(self._raw[raw_start:raw_end]):
             out = out.replace(b"/", b"\\/")
         return out
+
+
+class JsonWindow:
+    """The JSON view of a window of a buffer, placed in the buffer's coordinates.
+
+    A buffer full of escapes (prose with `\\n` and `\\"`) costs a Python step
+    per escape to map back; a match needs only the few kilobytes around it.
+    ``json_windows`` cuts the buffer where no escape is cut (no `\\` in the
+    six bytes before, none at the cut: a surrogate pair stays whole), so each
+    window decodes, on its own, to its part of the whole buffer's view.
+    """
+
+    kind = "json"
+    __slots__ = ("data", "_inner", "_raw", "_raw_start", "_view_start")
+
+    def __init__(self, raw: bytes, data: bytes, raw_start: int, raw_end: int, view_start: int) -> None:
+        self._raw = raw
+        self.data = data  # the whole buffer's view: offsets are the buffer's
+        self._inner = JsonView.build(raw[raw_start:raw_end])
+        self._raw_start = raw_start
+        self._view_start = view_start
+
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
+    def agrees(self) -> bool:
+        """Whether the window decodes to its part of the whole view (the two decoders agree)."""
+        inner = self._inner.data
+        return self.data[self._view_start : self._view_start + len(inner)] == inner
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        a, b = self._inner.span(start - self._view_start, end - self._view_start)
+        return a + self._raw_start, b + self._raw_start
+
+    def holds(self, start: int, end: int) -> bool:
+        """Whether view bytes [START, END) lie in this window."""
+        return self._view_start <= start and end <= self._view_start + len(self._inner.data)
+
+    def boundary(self, at: int) -> bool:
+        at -= self._view_start
+        return 0 <= at <= len(self._inner.data) and (at == len(self._inner.data) or self._inner.boundary(at))
+
+    def escaped(self, raw_start: int, raw_end: int) -> bool:
+        return b"\\" in self._raw[raw_start:raw_end]
+
+    def encode(self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None) -> bytes:
+        shift = self._raw_start
+        if habit is not None:
+            habit = (habit[0] - shift, habit[1] - shift)
+        return self._inner.encode(replacement, raw_start - shift, raw_end - shift, habit)
+
+
+_WINDOW = 2048
+
+
+def json_windows(raw: bytes, data: bytes, spans: list[tuple[int, int]]) -> list[JsonWindow]:
+    """One JsonWindow around each of SPANS (offsets in DATA, RAW's JSON view), neighbours merged.
+
+    Windows are cut at least _WINDOW bytes apart; each span gets the windows it lies in."""
+    cuts = [0]
+    at = _WINDOW
+    while at < len(raw):
+        while at < len(raw) and (raw[at] == 0x5C or raw.find(b"\\", max(0, at - 6), at) != -1):
+            at += 1
+        if at < len(raw):
+            cuts.append(at)
+        at += _WINDOW
+    cuts.append(len(raw))
+    # Decoded length of each window, in order, until the last span is placed.
+    view_starts = [0]
+    last = max(end for _, end in spans)
+    for i in range(len(cuts) - 1):
+        if view_starts[-1] > last:
+            break
+        view_starts.append(view_starts[-1] + len(json_unescape(raw[cuts[i] : cuts[i + 1]])))
+    wanted: set[int] = set()
+    for start, end in spans:
+        first = bisect.bisect_right(view_starts, start) - 1
+        final = min(len(view_starts) - 2, bisect.bisect_right(view_starts, max(start, end - 1)) - 1)
+        wanted.update(range(first, final + 1))
+    windows = []
+    for index in sorted(wanted):
+        if windows and windows[-1][1] == index:
+            windows[-1][1] = index + 1
+        else:
+            windows.append([index, index + 1])
+    return [JsonWindow(raw, data, cuts[a], cuts[b], view_starts[a]) for a, b in windows]
 
 
 def _escapes_slash(span: bytes) -> bool:
@@ -251,6 +346,7 @@ class PercentView:
         self._lower = lower > len(pairs) - lower
 
     span = JsonView.span
+    boundary = JsonView.boundary
     _unit = JsonView._unit
     _raw_start = JsonView._raw_start
 
@@ -262,15 +358,22 @@ class PercentView:
         span = self._raw[raw_start:raw_end]
         return _PERCENT.search(span) is not None or (self.plus and b"+" in span)
 
-    def encode(self, replacement: bytes, raw_start: int, raw_end: int, keep_plain: bool = True) -> bytes:
-        """REPLACEMENT percent-encoded in the span's own habit: a byte the span wrote
-        plainly stays plain (`=` in Basic credentials), unless not KEEP_PLAIN;
-        every other byte but the unreserved ones is escaped, in the span's hex case."""
+    def encode(
+        self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None, keep_plain: bool = True
+    ) -> bytes:
+        """REPLACEMENT percent-encoded in the span's own habit (or HABIT's, a wider
+        span): a byte the span wrote plainly stays plain (`=` in Basic
+        credentials) unless not KEEP_PLAIN (a value injected in a URL), every
+        other byte but the unreserved ones is escaped, in the span's hex case."""
+        raw_start, raw_end = habit or (raw_start, raw_end)
         span = self._raw[raw_start:raw_end]
         lower = bool(re.search(rb"%[0-9]?[a-f]", span)) if b"%" in span else self._lower
         fmt = b"%%%02x" if lower else b"%%%02X"
         # `%`, `+` and space are always escaped: `+` means a space in forms and queries.
-        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20} if keep_plain else set()
+        # A control byte the span wrote escaped somewhere is escaped (`%0a` where a
+        # plain line break also stands: a text body around percent-encoded base64).
+        escaped = {c for m in _PERCENT.findall(span) if (c := int(m[1:], 16)) < 0x20}
+        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20} - escaped if keep_plain else set()
         keep = _UNRESERVED | plain
         return b"".join(bytes([c]) if c in keep else fmt % c for c in replacement)
 
@@ -331,15 +434,29 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     """
     needle = b"\x01" * max(1, min(min_chars, seed))
     classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
-    # Narrow wrapping: two lines of at least _MIN_WIDTH characters (LF; CRLF below).
-    wrapped = b"\x01" * _MIN_WIDTH + b"\x02" + b"\x01" * _MIN_WIDTH
+    # Narrow wrapping: a line of at least _MIN_WIDTH characters and another
+    # after it (LF; CRLF below): the last line of a block may be one character.
+    wrapped = b"\x01" * _MIN_WIDTH + b"\x02\x01"
+    patterns = [needle]
+    if b"\x02" in classes:  # line breaks: narrow wrapping too (LF, CRLF)
+        patterns += [wrapped, wrapped[: _MIN_WIDTH] + b"\x02" + wrapped[_MIN_WIDTH:]]
+    found = [classes.find(p) for p in patterns]  # the next occurrence of each, kept until passed
     pos = 0
-    while (hit := _next_run(classes, needle, wrapped, pos)) != -1:
+    while True:
+        for i, at in enumerate(found):
+            if at != -1 and at < pos:
+                found[i] = classes.find(patterns[i], pos)
+        hits = [at for at in found if at != -1]
+        if not hits:
+            break
+        hit = min(hits)
         start = classes.rfind(b"\x00", 0, hit) + 1
         end = classes.find(b"\x00", hit)
         if end == -1:
             end = len(data)
         pos = end
+        if end - start < min_chars:
+            continue  # too short to hold a value even with its line breaks
         for run_start, run_end, alternative in _wrapped_blocks(data, start, end):
             chars = run_end - run_start - _count_breaks(data, run_start, run_end)
             if chars >= min_chars:
@@ -347,33 +464,24 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
 
 
 def _padding(data: bytes, end: int) -> int:
-    """How many bytes of '=' padding follow a run at END (on the next line too, as some wrappers put it)."""
+    """How many bytes of '=' padding follow a run at END (on the next line too, as
+    some wrappers put it, even one '=' on each line)."""
     at = end
-    if data[at : at + 2] == b"\r\n" and data[at + 2 : at + 3] == b"=":
-        at += 2
-    elif data[at : at + 1] == b"\n" and data[at + 1 : at + 2] == b"=":
-        at += 1
     n = 0
-    while n < 2 and data[at + n : at + n + 1] == b"=":
-        n += 1
-    return at - end + n if n else 0
+    while n < 2:
+        if data[at : at + 1] == b"=":
+            at += 1
+            n += 1
+        elif data[at : at + 2] == b"\r\n" and data[at + 2 : at + 3] == b"=":
+            at += 2
+        elif data[at : at + 1] == b"\n" and data[at + 1 : at + 2] == b"=":
+            at += 1
+        else:
+            break
+    return at - end if n else 0
 
 
 _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
-
-
-def _next_run(classes: bytes, needle: bytes, wrapped: bytes, pos: int) -> int:
-    """Where the next run starts to show: SEED alphabet bytes in a row, or two lines of at least _MIN_WIDTH."""
-    one = classes.find(needle, pos)
-    if b"\x02" not in classes:  # no line breaks at all: the common case
-        return one
-    limit = one if one != -1 else len(classes)
-    best = -1
-    for pattern in (wrapped, wrapped[: _MIN_WIDTH + 1] + b"\x02" + wrapped[_MIN_WIDTH + 1 :]):
-        at = classes.find(pattern, pos, limit + len(pattern))
-        if at != -1 and (best == -1 or at < best):
-            best = at
-    return best if best != -1 and (one == -1 or best < one) else one
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
@@ -391,14 +499,20 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         return
     segment = data[start:end]
     if b"\r" not in segment and b"-----" not in segment and not segment.startswith(b"\n") and not segment.endswith(b"\n"):
-        # The common case, at C speed: one block of equal lines (MIME, PEM bodies).
-        parts = segment.split(b"\n")
-        widths = set(map(len, parts[:-1]))
-        if len(parts) >= 3 and len(widths) == 1:
-            width = widths.pop()
-            if width >= _MIN_WIDTH and 0 < len(parts[-1]) <= width:
-                yield start, end, False
-                return
+        # The common case, at C speed: one block of equal lines (MIME, PEM bodies):
+        # every break sits one line width after the one before it.
+        width = segment.find(b"\n")
+        breaks = segment.count(b"\n")
+        last = len(segment) - breaks * (width + 1)
+        if (
+            breaks >= 2
+            and width >= _MIN_WIDTH
+            and 0 < last <= width
+            and segment[width :: width + 1][:breaks] == b"\n" * breaks
+            and not _text_after_block(data, end - last, end)
+        ):
+            yield start, end, False
+            return
     # PEM armour (`-----BEGIN …-----`, `-----END …`) is never part of a block.
     lines = [(m.start(), m.end()) for m in _LINE_CONTENT.finditer(data, start, end)]
     lines = [(a, b) for a, b in lines if not (data.startswith(b"-----", a) or data.endswith(b"-----", a, b))]
@@ -406,20 +520,41 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
     while i < len(lines):
         first_start, first_end = lines[i]
         width = first_end - first_start
+        glued = _glued_first_line(data, lines, i) if i + 2 < len(lines) else 0
+        if glued == 1 and data[first_start] == 0x2F and not _word_like(data, *lines[i + 2]):
+            glued = 2  # a path: a prefix before base64 is what paths hold (`/upload/…`)
+        if glued == 1:
+            # Only one full line after it: the longer line may also be the
+            # block's first line with a prefix glued to it; that reading is
+            # looked at when the usual one finds nothing.
+            cut = first_end - (lines[i + 1][1] - lines[i + 1][0])
+            yield cut, lines[i + 2][1], True
+        elif glued == 2:
+            # A first line longer than the full lines after it carries a prefix
+            # glued to the block (`/upload/` before percent-encoded base64 in a
+            # path): the block's first line is its last WIDTH characters.
+            width = lines[i + 1][1] - lines[i + 1][0]
+            yield first_start, first_end - width, False
+            first_start = first_end - width
+        # Every break of one block is the one after its first line (CRLF or LF).
+        newline = data[lines[i][1] : lines[i + 1][0]] if i + 1 < len(lines) else b"\n"
         j = i
         if width >= _MIN_WIDTH:
-            while j + 1 < len(lines) and lines[j + 1][1] - lines[j + 1][0] == width and _single_break(data, lines[j][1], lines[j + 1][0]):
+            while j + 1 < len(lines) and lines[j + 1][1] - lines[j + 1][0] == width and data[lines[j][1] : lines[j + 1][0]] == newline:
                 j += 1
         tail = (
             j + 1 < len(lines)
             and width >= _MIN_WIDTH
             and 0 < lines[j + 1][1] - lines[j + 1][0] < width
             and _single_break(data, lines[j][1], lines[j + 1][0])
+            and data[lines[j][1] : lines[j + 1][0]] == newline
         )
-        # After two or more full lines the shorter line ends the block; after
-        # one, too, unless it reads as a word (only lower-case letters, no
-        # padding after it), which base64 rarely is and text often is.
-        if tail and (j > i or not _word_like(data, *lines[j + 1])):
+        # After two or more full lines the shorter line ends the block, unless
+        # it is a word that text goes on after (`…\ntoken please`); after one,
+        # too, unless it reads as a word at all (only lower-case letters, no
+        # padding after it), which base64 rarely is and text often is. Either
+        # way the other reading is looked at when this one finds nothing.
+        if tail and not (_word_like(data, *lines[j + 1]) and (j == i or _text_after_block(data, *lines[j + 1]))):
             yield first_start, lines[j + 1][1], False
             yield first_start, lines[j][1], True
             i = j + 2
@@ -430,12 +565,35 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         i = j + 1
 
 
+def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
+    """How many full lines of a narrower block follow line I, when I may be
+    that block's first line with a prefix glued to it: 2 (two or more), 1
+    (one, then a shorter last line), or 0 (not that shape)."""
+    first = lines[i][1] - lines[i][0]
+    width = lines[i + 1][1] - lines[i + 1][0]
+    if not _MIN_WIDTH <= width < first:
+        return 0
+    newline = data[lines[i][1] : lines[i + 1][0]]
+    if newline not in (b"\n", b"\r\n") or data[lines[i + 1][1] : lines[i + 2][0]] != newline:
+        return 0
+    last = lines[i + 2][1] - lines[i + 2][0]
+    return 2 if last == width else 1 if last < width else 0
+
+
 _LINE_CONTENT = re.compile(rb"[^\r\n]+")
 _LOWER = re.compile(rb"[a-z]+")
 
 
 def _word_like(data: bytes, start: int, end: int) -> bool:
-    return _LOWER.fullmatch(data, start, end) is not None and data[end : end + 1] != b"="
+    """Three or more lower-case letters, no padding after them: a word rather than a last line."""
+    return end - start >= 3 and _LOWER.fullmatch(data, start, end) is not None and data[end : end + 1] != b"="
+
+
+def _text_after_block(data: bytes, start: int, end: int) -> bool:
+    """Whether the line START..END after a block is a word of text: four or more
+    lower-case letters, and prose goes on after it (a space or a punctuation
+    mark, not a line break, quote or padding)."""
+    return end - start >= 4 and _word_like(data, start, end) and data[end : end + 1] in (b" ", b":", b",", b".", b";", b"!", b"?")
 
 
 def _single_break(data: bytes, end: int, start: int) -> bool:
@@ -446,7 +604,7 @@ class Base64View:
     """One base64 run decoded from character ALIGN on (0-3); the run is re-encoded as a whole."""
 
     kind = "base64"
-    __slots__ = ("data", "run", "align", "_chars", "_urlsafe", "_width", "_newline", "_padded", "_raw", "_rest")
+    __slots__ = ("data", "run", "align", "_chars", "_urlsafe", "_width", "_newline", "_raw", "_rest")
 
     def __init__(self, raw: bytes, run: Run, align: int) -> None:
         self._raw = raw
@@ -454,10 +612,12 @@ class Base64View:
         self.align = align
         text = raw[run.start : run.end]
         first_break = text.find(b"\n")
-        if first_break == -1 and run.padding and raw[run.end : run.end + 1] in (b"\r", b"\n"):
-            # One line, its padding on the next: the line was as wide as the wrapping.
-            self._newline = b"\r\n" if raw[run.end : run.end + 1] == b"\r" else b"\n"
-            self._width = run.end - run.start
+        padding = raw[run.end : run.end + run.padding]
+        if first_break == -1 and (b"\n" in padding or b"\r" in padding):
+            # One line, its padding (or the rest of it) on the next: the line was as wide as the wrapping.
+            cut = padding.find(b"\r") if b"\r" in padding else padding.find(b"\n")
+            self._newline = b"\r\n" if b"\r" in padding else b"\n"
+            self._width = run.end - run.start + cut
         elif first_break == -1:
             self._width = 0
             self._newline = b"\n"
@@ -468,7 +628,6 @@ class Base64View:
         self._chars = chars
         body = chars[align:]
         self._urlsafe = b"-" in chars or b"_" in chars
-        self._padded = run.padding > 0 or (len(body) % 4 == 0 and not self._urlsafe)
         usable = len(body) - (len(body) % 4 == 1)
         usable_body = body[:usable]
         self._rest = body[usable:]  # a lone last character, which decodes to nothing: kept as it is
@@ -478,6 +637,18 @@ class Base64View:
             self.data = binascii.a2b_base64(usable_body + b"=" * (-usable % 4))
         except binascii.Error:  # pragma: no cover - every byte is from the alphabet
             self.data = b""
+
+    def _alphabet(self, kept: bytes, rewritten: bytes) -> bool:
+        """Whether the rewritten characters are written URL-safe: as the ones they
+        replace show it, else as the nearest kept character that shows it (not a
+        path's `-` far before the payload when the payload shows `/`)."""
+        if b"-" in rewritten or b"_" in rewritten:
+            return True
+        if b"+" in rewritten or b"/" in rewritten:
+            return False
+        url = max(kept.rfind(b"-"), kept.rfind(b"_"))
+        std = max(kept.rfind(b"+"), kept.rfind(b"/"))
+        return url > std
 
     def reencode(self, decoded: bytes, first_changed: int = 0) -> Edit:
         """The edit that writes DECODED in place of this run from its alignment on.
@@ -489,9 +660,10 @@ class Base64View:
         head = body[: 4 * kept]
         decoded = decoded[3 * kept :]
         encoded = binascii.b2a_base64(decoded, newline=False)
-        if not self._padded:
+        urlsafe = self._alphabet(self._chars[: self.align] + head, body[4 * kept :])
+        if not (self.run.padding > 0 or (len(body) % 4 == 0 and not urlsafe)):
             encoded = encoded.rstrip(b"=")
-        if self._urlsafe:
+        if urlsafe:
             encoded = encoded.translate(_STD_TO_URL)
         text = self._chars[: self.align] + head + encoded + self._rest
         if self._width:
