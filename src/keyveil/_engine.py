@@ -353,6 +353,7 @@ class Sealer:
         result = SealResult(data)
         if not self._values:
             return result
+        written: list[tuple[int, int]] = []  # what registered values' edits wrote, in today's offsets
         for _ in range(_MAX_ROUNDS):
             edits = self._find(result.data, 0, plus=plus)
             if protect and edits:
@@ -361,10 +362,15 @@ class Sealer:
                     # Vendor-signed fields keep their base64 as written; a
                     # value written there plainly is still sealed.
                     edits = [e for e in edits if not (e.base64 and _inside(spans, e.start, e.end))]
+            if written and edits:
+                # A re-encoded run keeps its unchanged leading lines: a detected
+                # value never takes one of them from the registered value's run.
+                edits = [e for e in edits if not (_is_detected(e) and _overlaps(written, e.start, e.end))]
             if not edits:
                 return result
             if url:
                 edits = [_url_edit(e) if e.layer in ("raw", "json") else e for e in edits]
+            written = _written(written, edits)
             result.data = _apply(result.data, edits)
             result.counts.update(n for e in edits for n in e.names)
         if self._find(result.data, 0, plus=plus):
@@ -866,13 +872,26 @@ def _hex_alternatives(prefix: str, codes: set[int]) -> str:
     return prefix + "(?:" + "|".join(parts) + ")"
 
 
+DETECTED_PREFIX = "detected/"  # the names of values nobody registered (SPEC §3a)
+
+
 def _resolve(edits: list[Edit]) -> list[Edit]:
-    """Sorted, non-overlapping edits. A value found in text wins over a base64
+    """Sorted, non-overlapping edits. A registered value wins over a detected one. A value found in text wins over a base64
     run that overlaps it (a raw value glued to a run is sealed as text first;
     the run is looked at again in the next round); else, of two on the same
     span, the shallower; else the first, the longest."""
     if len(edits) < 2:
         return edits
+    registered, detected = [], []
+    for e in edits:
+        (detected if _is_detected(e) else registered).append(e)
+    if detected and registered:
+        # A registered value always wins over a detected one it overlaps (SPEC §3a:
+        # detection never gets in a registered value's way, in any layer).
+        taken = _resolve(registered)
+        spans = [(e.start, e.end) for e in taken]
+        rest = [e for e in detected if not any(s < e.end and e.start < t for s, t in spans)]
+        return sorted(taken + _resolve(rest), key=lambda e: e.start)
     edits.sort(key=lambda e: (e.start, -e.end, e.depth))
     runs = [e for e in edits if e.base64]
     if runs and len(runs) < len(edits):
@@ -902,6 +921,31 @@ def _apply(data: bytes, edits: Sequence[Edit]) -> bytes:
         pos = e.end
     out.append(data[pos:])
     return b"".join(out)
+
+
+def _is_detected(edit: Edit) -> bool:
+    return all(n.startswith(DETECTED_PREFIX) for n in edit.names)
+
+
+def _overlaps(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
+    return any(s < end and start < t for s, t in spans)
+
+
+def _written(spans: list[tuple[int, int]], edits: Sequence[Edit]) -> list[tuple[int, int]]:
+    """SPANS moved to where they stand once EDITS (sorted) are applied, and the
+    spans the registered values' edits write."""
+    deltas = [(e.start, len(e.replacement) - (e.end - e.start)) for e in edits]
+
+    def moved(pos: int) -> int:
+        return pos + sum(d for start, d in deltas if start < pos)
+
+    out = [(moved(s), moved(t)) for s, t in spans]
+    shift = 0
+    for e, (_, d) in zip(edits, deltas):
+        if not _is_detected(e):
+            out.append((e.start + shift, e.start + shift + len(e.replacement)))
+        shift += d
+    return out
 
 
 def _inside(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:

@@ -203,6 +203,7 @@ class Engine:
         # name: its reference is injected where that name is bound, and the value
         # seals to that name. Every other one is sealed and scrubbed, never injected.
         self._registered_sealer: Sealer | None = None
+        self._registered_blob = b""
         for name, value in (detected or {}).items():
             self.values.setdefault(name, value)
         # A detected value that holds a registered value in some form (base64 of it,
@@ -361,11 +362,15 @@ class Engine:
                 if not is_detected(n):
                     every.setdefault(n, []).extend(previous)
             self._registered_sealer = Sealer(every)
+            # every registered value, to tell a piece of one (NUL: no value holds it)
+            self._registered_blob = b"\0".join(v for vs in every.values() for v in vs)
         return self._registered_sealer
 
     def covered(self, value: bytes, snapshot: VaultSnapshot | None = None) -> bool:
-        """True when VALUE holds a registered value in some form, or is one (detection skips it)."""
-        return bool(self._registered(snapshot).find_names(value))
+        """True when VALUE holds a registered value in some form, is one, or is a piece
+        of one (detection skips it: the registered value's own seal covers it)."""
+        sealer = self._registered(snapshot)
+        return value in self._registered_blob or bool(sealer.find_names(value))
 
     @property
     def detection_margin(self) -> int:
