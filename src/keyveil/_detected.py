@@ -122,8 +122,9 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
     it knows the value, seals every form exactly):
 
     - JSON: where an escape can be inside a token -- ``\\/`` (a `/` of a base64
-      token, a webhook path), ``\\u`` escapes of ASCII letters and digits, and a
-      PEM block whose line breaks are ``\\n``. Plain ``\\n`` and ``\\"`` between
+      token, a webhook path), ``\\u`` escapes of ASCII letters and digits (each an
+      escape, not an escaped backslash and text: ``\\\\/`` in source code), and a
+      PEM private key block whose line breaks are ``\\n``. Plain ``\\n`` and ``\\"`` between
       tokens need no view: the detector takes them as boundaries;
     - percent-encoding: each run of token characters that holds a ``%XX`` escape,
       decoded on its own (with ``+`` as a space too);
@@ -133,7 +134,7 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
     yield data
     if depth >= MAX_DEPTH:
         return
-    if b"\\" in data and (b"\\/" in data or _ascii_escape(data) or (b"-----BEGIN" in data and b"\\n" in data)):
+    if b"\\" in data and (_token_escape(data) or (b"\\n" in data and _PEM_KEY.search(data) is not None)):
         decoded = json_unescape(data)
         if decoded != data:
             yield from views(decoded, depth + 1)
@@ -144,20 +145,27 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
     if len(data) >= MIN_RUN:
         for run in base64_runs(data, MIN_RUN):
             offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
+            chars = _head_chars(data, run)
             for align in offsets:
-                if not _textual(_head(data, run, align)):
+                if not _textual(_head(chars, align)):
                     continue
                 decoded = Base64View(data, run, align).data
                 if _textual(decoded):
                     yield from views(decoded, depth + 1)
 
 
-_ASCII_ESCAPE = re.compile(rb"\\u00(?:3[0-9]|[4-7][0-9a-fA-F])")  # a literal prefix: searched at memchr speed
+#: a JSON escape that can cut or hide a token: `\\/`, or a `\\u` escape of a digit or letter (one
+#: scan for both: a literal `\\` prefix, searched at memchr speed, faster than bytes.find here)
+_TOKEN_ESCAPE = re.compile(rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))")
+#: the header of what the private-key shape takes (config/detectors.yaml): a certificate's is not one
+_PEM_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]{0,64}PRIVATE KEY")
 
 
-def _ascii_escape(data: bytes) -> bool:
-    """A `\\u` escape of a digit or letter: not `\\\\u0041`, the text of an escape written in a string (source code)."""
-    for m in _ASCII_ESCAPE.finditer(data):
+def _token_escape(data: bytes) -> bool:
+    """A `\\/` or `\\u0041` that is an escape: not `\\\\/` or `\\\\u0041`, an escaped backslash and then
+    text (source code, a regex, a Windows path), whose view would be the buffer with only its backslashes
+    halved: a second whole scan that finds nothing new."""
+    for m in _TOKEN_ESCAPE.finditer(data):
         at = m.start()
         slashes = len(data[max(0, at - 16) : at]) - len(data[max(0, at - 16) : at].rstrip(b"\\"))
         if slashes % 2 == 0:
@@ -187,12 +195,20 @@ def _percent_runs(data: bytes) -> bytes:
     return b"\n".join(out)
 
 
-def _head(data: bytes, run, align: int) -> bytes:
-    """The first bytes a run decodes to from ALIGN: enough to tell text from binary."""
-    chars = data[run.start + align : min(run.end, run.start + align + 88)].replace(b"\n", b"").replace(b"\r", b"")
-    chars = chars[: len(chars) - len(chars) % 4]
+def _head_chars(data: bytes, run) -> bytes:
+    """The first characters of a run, without line breaks, in the standard alphabet: read once, tried at each offset."""
+    chars = data[run.start : min(run.end, run.start + 91)]
+    if b"\n" in chars or b"\r" in chars:
+        chars = chars.replace(b"\n", b"").replace(b"\r", b"")
     if b"-" in chars or b"_" in chars:
         chars = chars.translate(_URLSAFE)
+    return chars
+
+
+def _head(chars: bytes, align: int) -> bytes:
+    """The first bytes a run decodes to from ALIGN: enough to tell text from binary."""
+    chars = chars[align : align + 88]
+    chars = chars[: len(chars) - len(chars) % 4]
     try:
         return binascii.a2b_base64(chars)
     except binascii.Error:

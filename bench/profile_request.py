@@ -1,0 +1,104 @@
+"""Per-request CPU of keyveil's hooks on a 200 KB JSON POST to api.anthropic.com, in process (not in `make bench`).
+
+    .venv/bin/python bench/profile_request.py [N] [--profile]
+
+The home is made as the proxy bench makes it (`keyveil init`, 10 fake secrets
+set by `keyveil secret set`); the body is the proxy bench's (a conversation
+holding a reference, x-api-key a reference). Each round builds a flow with
+mitmproxy.test.tflow and runs requestheaders, request, the injector, then a
+small JSON response through responseheaders and response. Prints the median
+CPU time (process_time) per round over N rounds, and the cost of building the
+flow alone (to subtract); --profile prints a cProfile of keyveil's functions.
+Values are generated per run and never printed.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchlib import fake_value  # noqa: E402
+from engine_bench import json_body  # noqa: E402
+from mitmproxy import http  # noqa: E402
+from mitmproxy.test import taddons, tflow  # noqa: E402
+
+HOST = "api.anthropic.com"
+
+
+def _home(rng: random.Random) -> Path:
+    home = Path(tempfile.mkdtemp(prefix="keyveil-profile-")) / "home"
+    env = {**os.environ, "KEYVEIL_HOME": str(home), "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring"}
+    env.pop("KEYVEIL_PASSPHRASE", None)
+    keyveil = str(Path(sys.executable).parent / "keyveil")
+    subprocess.run([keyveil, "init"], env=env, check=True, capture_output=True, timeout=120)
+    for name in ["github/pat", "anthropic/key"] + [f"bench/extra-{i}" for i in range(8)]:
+        subprocess.run([keyveil, "secret", "set", name], input=fake_value(rng), env=env, check=True, capture_output=True, timeout=60)
+    os.environ.update(KEYVEIL_HOME=str(home), PYTHON_KEYRING_BACKEND="keyring.backends.fail.Keyring")
+    return home
+
+
+def _flow(body: bytes) -> http.HTTPFlow:
+    f = tflow.tflow()
+    headers = {"content-type": "application/json", "x-api-key": "{{secret:anthropic/key}}", "anthropic-version": "2023-06-01"}
+    f.request = http.Request.make("POST", f"https://{HOST}/v1/messages", body, headers)
+    f.client_conn.sni = HOST
+    f.server_conn.address = (HOST, 443)
+    f.server_conn.sni = HOST
+    return f
+
+
+def main() -> None:
+    n = int(next((a for a in sys.argv[1:] if a.isdigit()), "500"))
+    rng = random.Random()
+    home = _home(rng)
+    body = json_body(rng, [b"{{secret:github/pat}}"], size=200_000)
+    from keyveil.addon import Keyveil
+
+    addon = Keyveil()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, keyveil_home=str(home))
+
+        def one() -> http.HTTPFlow:
+            f = _flow(body)
+            addon.requestheaders(f)
+            addon.request(f)
+            addon.late.request(f)
+            if f.response is not None:
+                raise SystemExit(f"the bench request was blocked: {f.response.content[:200]!r}")
+            f.response = http.Response.make(200, b'{"content": [{"type": "text", "text": "hi"}]}', {"content-type": "application/json"})
+            addon.responseheaders(f)
+            addon.response(f)
+            return f
+
+        for _ in range(20):
+            one()
+        times = []
+        for _ in range(n):
+            t = time.process_time()
+            one()
+            times.append(time.process_time() - t)
+        build = []
+        for _ in range(n):
+            t = time.process_time()
+            _flow(body)
+            build.append(time.process_time() - t)
+        times.sort()
+        build.sort()
+        print(f"per round CPU median {times[n // 2] * 1e3:.3f} ms (n={n}); building the flow alone {build[n // 2] * 1e3:.3f} ms")
+        if "--profile" in sys.argv:
+            prof = cProfile.Profile()
+            prof.runcall(lambda: [one() for _ in range(n)])
+            pstats.Stats(prof).sort_stats("cumtime").print_stats("keyveil", 40)
+
+
+if __name__ == "__main__":
+    main()
