@@ -45,6 +45,7 @@ from keyveil._rules import (
     shipped_config_dir,
 )
 from keyveil._rules import _message as _rules_message
+from keyveil._views import decode_base64
 
 __all__ = [
     "Detection",
@@ -373,9 +374,8 @@ def _encoded_text(value: bytes) -> bool:
         return True
     if len(value) < 24 or not _BASE64.fullmatch(value):
         return False
-    body = value.rstrip(b"=").translate(bytes.maketrans(b"-_", b"+/"))
     try:
-        decoded = base64.b64decode(body + b"=" * (-len(body) % 4))
+        decoded = decode_base64(value.rstrip(b"="))
     except ValueError:
         return False
     return decoded.isascii() and decoded.decode("ascii").isprintable() and _STRUCTURE.search(decoded) is not None

@@ -28,7 +28,7 @@ from urllib.parse import unquote_to_bytes
 
 from ._detect import Detector, detected_name
 from ._errors import VaultError
-from ._views import Base64View, base64_runs, json_unescape
+from ._views import Base64View, base64_runs, json_unescape, to_standard_alphabet
 
 #: every detected value is named under this prefix; such a name is never bound
 DETECTED_PREFIX = "detected/"
@@ -201,7 +201,7 @@ def _head_chars(data: bytes, run) -> bytes:
     if b"\n" in chars or b"\r" in chars:
         chars = chars.replace(b"\n", b"").replace(b"\r", b"")
     if b"-" in chars or b"_" in chars:
-        chars = chars.translate(_URLSAFE)
+        chars = to_standard_alphabet(chars)
     return chars
 
 
@@ -215,7 +215,6 @@ def _head(chars: bytes, align: int) -> bytes:
         return b""
 
 
-_URLSAFE = bytes.maketrans(b"-_", b"+/")
 _TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 
 

@@ -22,6 +22,7 @@ from ._references import (
     json_nesting,
     json_string,
 )
+from ._views import decode_base64
 
 Encoder = Callable[[bytes], bytes]
 
@@ -108,9 +109,6 @@ def inject(
     return b"".join(out), counts
 
 
-_URL_SAFE = bytes.maketrans(b"-_", b"+/")
-
-
 def split_basic(header_value: bytes) -> tuple[bytes, bytes] | None:
     """(scheme word as sent, decoded credentials) of a Basic credentials value, else None.
 
@@ -122,11 +120,8 @@ def split_basic(header_value: bytes) -> tuple[bytes, bytes] | None:
     text = rest.strip()
     if scheme.lower() != b"basic" or not text:
         return None
-    text = text.translate(_URL_SAFE)
-    if not text.endswith(b"="):
-        text += b"=" * (-len(text) % 4)
     try:
-        return scheme, binascii.a2b_base64(text, strict_mode=True)
+        return scheme, decode_base64(text, strict=True)
     except binascii.Error:
         return None
 

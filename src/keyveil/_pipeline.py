@@ -9,7 +9,6 @@ of mitmproxy or sockets, and no message it writes ever holds a value.
 
 from __future__ import annotations
 
-import binascii
 import json
 import re
 from collections import Counter, defaultdict
@@ -32,6 +31,7 @@ from ._inject import (
 )
 from ._references import find_references_layered, format_reference, may_hold_reference
 from ._rules import CompiledRules
+from ._views import decode_base64
 from .vault import VaultSnapshot
 
 # Block codes (SPEC §6) and their HTTP status.
@@ -626,7 +626,6 @@ def _rewrite_headers(req: Request, name: str, rewrite) -> Counter[str]:
 
 
 _BASE64_TOKEN = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
-_URL_SAFE = bytes.maketrans(b"-_", b"+/")
 
 
 def _base64_tokens(data: bytes) -> Iterator[bytes]:
@@ -637,12 +636,12 @@ def _base64_tokens(data: bytes) -> Iterator[bytes]:
     if b"%" in data:
         data = unquote_to_bytes(data)
     for m in _BASE64_TOKEN.finditer(data):
-        run = m.group().rstrip(b"=").translate(_URL_SAFE)
+        run = m.group().rstrip(b"=")
         for skip in range(4):
             part = run[skip:]
             if len(part) % 4 == 1:
-                part = part[:-1]
-            decoded = binascii.a2b_base64(part + b"=" * (-len(part) % 4))
+                part = part[:-1]  # a lone last character holds no whole byte
+            decoded = decode_base64(part)
             if may_hold_reference(decoded):
                 yield decoded
 

@@ -29,6 +29,22 @@ _URL_TO_STD = bytes.maketrans(b"-_", b"+/")
 _HEX = b"0123456789abcdefABCDEF"
 
 
+def to_standard_alphabet(text: bytes) -> bytes:
+    """TEXT with the URL-safe base64 characters written in the standard alphabet."""
+    return text.translate(_URL_TO_STD)
+
+
+def decode_base64(text: bytes, strict: bool = False) -> bytes:
+    """TEXT decoded as base64 in either alphabet (mixed too), padded or not.
+
+    binascii.Error when it is none (with STRICT, also for misplaced padding
+    or characters outside the alphabet)."""
+    body = text.translate(_URL_TO_STD)
+    if not body.endswith(b"="):
+        body += b"=" * (-len(body) % 4)
+    return binascii.a2b_base64(body, strict_mode=strict)
+
+
 @dataclass(frozen=True, slots=True)
 class Edit:
     """Replace DATA[start:end] by REPLACEMENT; NAMES counts the values it seals."""
