@@ -104,8 +104,9 @@ class RawUpstream:
         self._plain.close()
 
 
-def tunnel(proxy, host: str, home: Path) -> ssl.SSLSocket:
-    """A TLS connection to HOST through the proxy's CONNECT, trusting keyveil's CA."""
+def tunnel(proxy, host: str, alpn: list[str] | None = None) -> ssl.SSLSocket:
+    """A TLS connection to HOST through the proxy's CONNECT, trusting keyveil's CA
+    (offering ALPN protocols when given)."""
     raw = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
     raw.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
     answer = b""
@@ -113,11 +114,13 @@ def tunnel(proxy, host: str, home: Path) -> ssl.SSLSocket:
         answer += raw.recv(4096)
     assert b" 200" in answer.split(b"\r\n")[0], answer[:100]
     ctx = infra.client_ssl_context(proxy.ca_cert)
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
     return ctx.wrap_socket(raw, server_hostname=host)
 
 
 def exchange(proxy, host: str, home: Path, request: bytes) -> bytes:
-    s = tunnel(proxy, host, home)
+    s = tunnel(proxy, host)
     s.sendall(request)
     out = b""
     s.settimeout(5)
@@ -400,15 +403,7 @@ def h2_exchange(proxy, host: str, path: bytes, body: bytes, trailers: list[tuple
     import h2.connection
     import h2.events
 
-    raw = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
-    raw.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        answer += raw.recv(4096)
-    assert b" 200" in answer.split(b"\r\n")[0], answer[:100]
-    ctx = infra.client_ssl_context(proxy.ca_cert)
-    ctx.set_alpn_protocols(["h2"])
-    tls = ctx.wrap_socket(raw, server_hostname=host)
+    tls = tunnel(proxy, host, alpn=["h2"])
     assert tls.selected_alpn_protocol() == "h2"
     h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
     h2c.initiate_connection()
@@ -529,7 +524,7 @@ def test_a_value_in_a_client_close_reason_or_ping_never_leaves(kvproxy, rawup, s
         b"sec-websocket-accept: " + _ws_accept(key) + b"\r\n\r\n"
     )
     rawup.after_upgrade[path] = b""
-    s = tunnel(kvproxy, host, setup.home)
+    s = tunnel(kvproxy, host)
     s.sendall(
         b"GET " + path + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
         b"sec-websocket-version: 13\r\nsec-websocket-key: " + key + b"\r\n\r\n"
