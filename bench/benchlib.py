@@ -44,6 +44,17 @@ class Row:
             print(f"           {self.detail}", flush=True)
 
 
+def stop_process(proc: subprocess.Popen, grace: float = 10) -> None:
+    """End PROC (one this bench started): SIGTERM, then SIGKILL after GRACE seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

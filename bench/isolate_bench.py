@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import MiB, OUT, Row, fmt_ms, median, new_rng, percentile
+from benchlib import MiB, OUT, Row, fmt_ms, median, new_rng, percentile, stop_process
 
 SECTION = "isolate"
 VENV_BIN = Path(sys.executable).parent
@@ -96,13 +95,7 @@ class _Start:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 15)
         self.log.close()
 
 

@@ -21,7 +21,6 @@ import asyncio
 import os
 import random
 import secrets
-import signal
 import subprocess
 import tempfile
 import time
@@ -29,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from benchlib import OUT, Row, fake_value, fmt_ms, median, new_rng, percentile
+from benchlib import OUT, Row, fake_value, fmt_ms, median, new_rng, percentile, stop_process
 from engine_bench import json_body
 import sys  # noqa: E402
 
@@ -86,13 +85,7 @@ class Bao:
         return {"KEYVEIL_VAULT": "openbao", "BAO_ADDR": self.addr, "BAO_TOKEN": self.token}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 def _bao_home(workdir: Path, bao: Bao, values: dict[str, bytes]) -> tuple[Path, dict[str, str]]:

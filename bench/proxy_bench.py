@@ -17,7 +17,6 @@ import contextlib
 import os
 import random
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import httpx
 import trustme
-from benchlib import MiB, OUT, REPO, Row, fake_value, fmt_mib, fmt_ms, median, new_rng, percentile, proc_status, reset_peak
+from benchlib import MiB, OUT, REPO, Row, fake_value, fmt_mib, fmt_ms, median, new_rng, percentile, proc_status, reset_peak, stop_process
 from engine_bench import json_body
 
 SECTION = "proxy"
@@ -73,13 +72,7 @@ class Upstream:
         self.port = int(line.split()[1])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
 
 
 class Proxy:
@@ -136,13 +129,7 @@ class Proxy:
         return _cpu_seconds(self.pid)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 15)
 
 
 def make_home(workdir: Path, rng: random.Random) -> tuple[Path, dict[str, str]]:
