@@ -43,6 +43,7 @@ from ._views import (
     base64_runs,
     json_unescape,
     json_windows,
+    runs_of,
 )
 
 #: how many layers of encoding are decoded, in any order (SPEC §3 asks for two)
@@ -187,12 +188,12 @@ class Sealer:
             # view that decodes the escape: it is looked at there, not here.
             found: list[Edit] = []
             lines = data if layout is None else layout
-            runs = [(run, plus) for run in base64_runs(lines, self._min_run, plus=plus)]
+            runs = [(run, plus) for run in runs_of(lines, self._min_run, plus=plus)]
             if plus:
                 # `+` is a space here, but a client may have left base64's `+` unescaped:
                 # the runs read with `+` as a base64 character are looked at too
                 # (and written back as the client wrote them).
-                runs += [(Run(r.start, r.end, r.padding, True), False) for r in base64_runs(lines, self._min_run)]
+                runs += [(Run(r.start, r.end, r.padding, True), False) for r in runs_of(lines, self._min_run)]
             for run, escape_plus in runs:
                 if views and _touches(data, run.start, run.end + run.padding, views):
                     continue

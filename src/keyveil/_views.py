@@ -20,6 +20,8 @@ import bisect
 import codecs
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from json.decoder import JSONDecodeError, scanstring
 
@@ -126,7 +128,57 @@ def _code_unit_bytes(code: int) -> bytes:
     return chr(code).encode("utf-8", "keyveil.surrogates")
 
 
+# -- one buffer, several readers ------------------------------------------------------------
+
+#: while a request is looked at, what was worked out about each of its buffers
+_SHARED: ContextVar[dict | None] = ContextVar("keyveil_shared_scans", default=None)
+
+
+@contextmanager
+def shared_scans() -> Iterator[None]:
+    """Within this block, a buffer's base64 runs and JSON view are worked out once.
+
+    Detection and the sealer read the same request (SPEC §3a): both look for
+    base64 runs in it and both JSON-unescape it. Both results are pure
+    functions of the bytes, so inside the block each is kept by the buffer's
+    identity and handed to the next reader. The block holds the buffers it
+    was asked about and drops them all when it ends: nothing outlives one
+    request. Outside such a block nothing is kept.
+    """
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _shared(kind: str, data: bytes, key=None):
+    """The entry kept for DATA (KIND, KEY) in the current block, or None (no block, or not yet worked out)."""
+    cache = _SHARED.get()
+    if cache is None:
+        return None
+    entry = cache.get((kind, id(data), key))
+    # The entry holds DATA itself: an id is only trusted while its object lives.
+    return entry if entry is not None and entry[0] is data else None
+
+
+def _keep(kind: str, data: bytes, key, *value) -> None:
+    cache = _SHARED.get()
+    if cache is not None:
+        cache[(kind, id(data), key)] = (data, *value)
+
+
 def json_unescape(data: bytes) -> bytes:
+    """DATA with every JSON string escape decoded (worked out once per buffer in ``shared_scans``)."""
+    entry = _shared("json", data)
+    if entry is not None:
+        return entry[1]
+    decoded = _json_unescape(data)
+    _keep("json", data, None, decoded)
+    return decoded
+
+
+def _json_unescape(data: bytes) -> bytes:
     """DATA with every JSON string escape decoded; anything else kept as it is.
 
     The fast path runs the C JSON string scanner over text; its result is
@@ -309,7 +361,7 @@ def json_windows(raw: bytes, data: bytes, spans: list[tuple[int, int]]) -> list[
     for i in range(len(cuts) - 1):
         if view_starts[-1] > last:
             break
-        view_starts.append(view_starts[-1] + len(json_unescape(raw[cuts[i] : cuts[i + 1]])))
+        view_starts.append(view_starts[-1] + len(_json_unescape(raw[cuts[i] : cuts[i + 1]])))
     wanted: set[int] = set()
     for start, end in spans:
         first = bisect.bisect_right(view_starts, start) - 1
@@ -477,6 +529,33 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
             chars = run_end - run_start - _count_breaks(data, run_start, run_end)
             if chars >= min_chars:
                 yield Run(run_start, run_end, _padding(data, run_end), alternative)
+
+
+def runs_of(data: bytes, min_chars: int, plus: bool = False) -> list[Run]:
+    """``base64_runs(DATA, MIN_CHARS, plus=PLUS)`` as a list, worked out once per buffer in ``shared_scans``.
+
+    The runs of a shorter MIN_CHARS hold those of a longer one: every buffer
+    segment a longer run lies in is found by the shorter seed too, and is cut
+    into runs the same way; only the final length test differs. So a reader
+    asking for longer runs than an earlier one gets that one's runs filtered.
+    """
+    entry = _shared("runs", data, plus)
+    if entry is None or entry[1] > min_chars:
+        runs = list(base64_runs(data, min_chars, plus=plus))
+        _keep("runs", data, plus, min_chars, runs)
+        return runs
+    if entry[1] == min_chars:
+        return list(entry[2])
+    return [r for r in entry[2] if _chars_at_least(data, r, min_chars)]
+
+
+def _chars_at_least(data: bytes, run: Run, n: int) -> bool:
+    """Whether RUN holds N base64 characters (line breaks not counted)."""
+    length = run.end - run.start
+    if length < n:
+        return False
+    # A run's lines are at least _MIN_WIDTH wide, so its breaks are far fewer than its characters.
+    return length >= 2 * n or length - _count_breaks(data, run.start, run.end) >= n
 
 
 def _padding(data: bytes, end: int) -> int:

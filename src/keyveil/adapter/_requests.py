@@ -24,6 +24,7 @@ from .._agents import REALM, AuthRequired, authenticate
 from .._hosts import normalize_host
 from .._pipeline import Block, Engine, Outcome, Request
 from .._references import format_reference
+from .._views import shared_scans
 from ._guard import Blocked, guarded
 from ._outputs import META
 
@@ -228,8 +229,9 @@ class RequestPhase:
             dropped = {b"content-length", b"content-encoding"}
         _check_charset(req.headers, None, host, engine)
         request = self._to_request(flow, host, port, body=None)
-        engine = self.addon.detection.request(flow, engine, request)  # detect: its line and headers (SPEC §3a)
-        outcome = engine.process_request(request)
+        with shared_scans():  # detection and the sealer read the same bytes: scanned once
+            engine = self.addon.detection.request(flow, engine, request)  # detect: its line and headers (SPEC §3a)
+            outcome = engine.process_request(request)
         if outcome.block:
             raise Blocked(outcome.block)
         for version in filter(None, (outcome.request, outcome.sealed_request)):
@@ -261,8 +263,9 @@ class RequestPhase:
             flow.request.headers.fields = original
         body, encoding_name = self._decoded_body(flow, engine, host)
         request = self._to_request(flow, host, port, body)
-        engine = self.addon.detection.request(flow, engine, request)  # detect: SPEC §3a
-        outcome = engine.process_request(request)
+        with shared_scans():  # detection and the sealer read the same bytes: scanned once
+            engine = self.addon.detection.request(flow, engine, request)  # detect: SPEC §3a
+            outcome = engine.process_request(request)
         if outcome.block:
             raise Blocked(outcome.block)
         self._apply(flow, outcome, body, encoding_name)

@@ -15,6 +15,7 @@ import wsproto.events
 from mitmproxy import http
 from mitmproxy.proxy.layers import websocket as mitm_websocket
 
+from .._views import shared_scans
 from ._guard import close_connections, guarded
 from ._outputs import META
 
@@ -76,8 +77,9 @@ class WebSocketPhase:
         if message.from_client:
             host, port = meta.get("host", flow.request.host), meta.get("port", flow.request.port)
             request = self.requests._to_request(flow, host, port, None)
-            engine = self.addon.detection.websocket_message(flow, engine, request, message.content)  # detect
-            sealed, data, outcome = engine.process_ws_message(request, message.content)
+            with shared_scans():  # detection and the sealer read the same bytes: scanned once
+                engine = self.addon.detection.websocket_message(flow, engine, request, message.content)  # detect
+                sealed, data, outcome = engine.process_ws_message(request, message.content)
             if outcome.block:
                 message.content = sealed
                 message.drop()

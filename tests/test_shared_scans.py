@@ -1,0 +1,89 @@
+"""One buffer, several readers: what `shared_scans` hands on is what each reader would work out alone.
+
+Detection and the sealer both look for base64 runs in a request and both
+JSON-unescape it; inside `_views.shared_scans` each is worked out once per
+buffer. These tests compare the shared answers with the unshared functions
+on generated buffers (base64 from the standard library, wrapped at random
+widths, in prose and JSON), in both orders of asking, and check that nothing
+is kept once the block ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import pytest
+
+from keyveil import _views
+from keyveil._views import base64_runs, json_unescape, runs_of, shared_scans
+
+
+def _buffer(rng: random.Random) -> bytes:
+    pieces = []
+    for _ in range(rng.randint(1, 12)):
+        kind = rng.randrange(5)
+        if kind == 0:
+            pieces.append(" ".join(rng.choice(["token", "the", "key", "path/to/file.py", "a", "value"]) for _ in range(rng.randint(1, 30))))
+        else:
+            raw = rng.randbytes(rng.randint(5, 400))
+            text = (base64.urlsafe_b64encode if rng.random() < 0.3 else base64.b64encode)(raw).decode()
+            if rng.random() < 0.3:
+                text = text.rstrip("=")
+            if kind >= 3:
+                width = rng.randint(8, 90)
+                newline = rng.choice(["\n", "\r\n"])
+                text = newline.join(text[i : i + width] for i in range(0, len(text), width))
+            pieces.append(text)
+    text = rng.choice([" ", "\n", "", "/"]).join(pieces)
+    if rng.random() < 0.5:
+        text = json.dumps({"content": text}, ensure_ascii=rng.random() < 0.5)
+    return text.encode()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_runs_are_the_runs_each_reader_would_find(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(300):
+        data = _buffer(rng)
+        short, long = sorted(rng.sample([12, 16, 24, 28, 43, 48, 60, 100], 2))
+        plus = rng.random() < 0.3
+        for order in ((short, long), (long, short)):
+            with shared_scans():
+                got = [runs_of(data, n, plus=plus) for n in order]
+                again = runs_of(data, order[0], plus=plus)
+            assert got == [list(base64_runs(data, n, plus=plus)) for n in order]
+            assert again == got[0]
+
+
+def test_shared_json_view_is_the_json_view() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        data = _buffer(rng)
+        alone = json_unescape(data)
+        with shared_scans():
+            first, second = json_unescape(data), json_unescape(data)
+        assert first == second == alone
+        assert first is second  # worked out once
+
+
+def test_nothing_is_kept_after_the_block_or_outside_one() -> None:
+    data = base64.b64encode(random.Random(1).randbytes(300))
+    assert runs_of(data, 24) == list(base64_runs(data, 24))
+    assert _views._SHARED.get() is None
+    with shared_scans():
+        runs_of(data, 24)
+        json_unescape(data)
+        assert len(_views._SHARED.get()) == 2
+    assert _views._SHARED.get() is None
+
+
+def test_an_equal_buffer_that_is_another_object_is_worked_out_again() -> None:
+    # Entries are kept by identity and hold their buffer, so an id is never reused while kept.
+    a = base64.b64encode(random.Random(2).randbytes(300))
+    b = bytes(bytearray(a))
+    with shared_scans():
+        runs_of(a, 24)
+        assert _views._shared("runs", b, False) is None
+        assert runs_of(b, 24) == list(base64_runs(b, 24))
