@@ -168,3 +168,16 @@ def test_json_windows_map_spans_as_the_whole_view_does():
         assert window.span(start, end) == whole.span(start, end)
         for at in (start, end):
             assert window.boundary(at) == whole.boundary(at)
+
+
+def test_fast_json_decoder_on_many_short_strings_agrees_with_the_mapped_one():
+    # A document of many short strings with escapes between them (the fast decoder
+    # takes stretches without a backslash whole): invalid escapes, escaped
+    # backslashes before quotes, surrogates, a trailing lone backslash.
+    rng = random.Random(3)
+    pieces = ['{"a": "b"}', '"', '\\"', "\\\\", '\\\\"', "\\q", "\\u0041", "\\ud83d\\udd11", "\\udc80", "x", ", ", "\\n", "\\/"]
+    for _ in range(300):
+        raw = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))).encode()
+        assert json_unescape(raw) == JsonView.build(raw).data
+    doc = json.dumps([{"role": "user", "content": rng.choice(["", "ok", 'say "hi"\n', "a\\b"])} for _ in range(2000)]).encode()
+    assert json_unescape(doc) == JsonView.build(doc).data

@@ -199,6 +199,17 @@ def _json_unescape(data: bytes) -> bytes:
     end = len(text)
     errors = 0
     while pos <= end:
+        # A stretch without a backslash holds no escape: taken as it is, with its
+        # bare quotes, in one piece (a document of many short strings would
+        # otherwise cost a scanstring call per quote).
+        slash = text.find("\\", pos)
+        if slash == -1:
+            out.append(text[pos:])
+            break
+        quote = text.rfind('"', pos, slash)
+        if quote != -1:
+            out.append(text[pos : quote + 1])
+            pos = quote + 1
         try:
             piece, nxt = scanstring(sentinel, pos, False)
         except JSONDecodeError as e:
