@@ -760,10 +760,11 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     # backslashes count) as wide as the narrowest wrapping, a line break
     # escape (`\\n`, `\\r`, `\\r\\n`), more base64. One pattern led by the lone
     # backslash: the regex engine jumps from backslash to backslash at memchr
-    # speed and checks the line behind each; prose, with a `\\n` every few
-    # words, costs a third of what a `\\n`-led pattern does.
+    # speed, and looks at the line behind only after a `n` or `r` (not at each
+    # `\\u4e2d` of escaped CJK text); prose, with a `\\n` every few words,
+    # costs a third of what a `\\n`-led pattern does.
     line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
-    patterns.append(rf"\\(?<={line}\\)[nr](?=[A-Za-z0-9+/_=-]|\\[/n])".encode())
+    patterns.append(rf"\\[nr](?<={line}\\[nr])(?=[A-Za-z0-9+/_=-]|\\[/n])".encode())
     percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
     return _AnyOf(patterns, short_literals), percent_trigger
 
