@@ -285,3 +285,25 @@ def test_bound_secret_without_a_value_blocks_with_a_fix(values):
     # a name in no rule and no vault is plain text
     out = make_engine(values).process_request(req("api.github.com", headers=[(b"X-Note", b"{{secret:nobody/knows}}")]))
     assert out.block is None and out.unknown == {"nobody/knows"}
+
+
+def test_references_hidden_in_base64_are_found_from_any_character_in_either_alphabet():
+    # _base64_tokens looks into a header token only when it holds the base64 of
+    # "sec", "cre" or "ecr" (every reference marker holds "secret"): that
+    # shortcut must never hide a reference, whatever is glued before it.
+    import base64
+    import random
+    from urllib.parse import quote
+
+    from keyveil._pipeline import _base64_tokens
+    from keyveil._references import may_hold_reference
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        ref = rng.choice(["{{secret:github/pat}}", quote("{{secret:a/b}}", safe=""), "\\u007b\\u007bsecret:x/y}}"])
+        payload = rng.randbytes(rng.randrange(6)) + rng.choice([b"x-access-token:", b"", b"u:"]) + ref.encode() + rng.randbytes(rng.randrange(4))
+        text = (base64.urlsafe_b64encode if rng.random() < 0.5 else base64.b64encode)(payload)
+        if rng.random() < 0.5:
+            text = text.rstrip(b"=")
+        glued = rng.choice([b"", b"tok_", b"Basic ", b"x"]) + text
+        assert any(may_hold_reference(d) for d in _base64_tokens(glued)), (ref, glued)
