@@ -109,6 +109,9 @@ class Sealer:
         self.names = frozenset(values)
         self._raw = Matcher(self._values)
         shortest = min(map(len, self._values), default=0)
+        # No encoding of SPEC §3 is shorter than what it encodes: a buffer shorter
+        # than every value holds none, in any form (host names, methods, most headers).
+        self._shortest = shortest
         self.longest = max(map(len, self._values), default=0)
         self._min_run = -(-4 * shortest // 3) if shortest else 0
         self._json_trigger, self._percent_trigger = _triggers(self._values)
@@ -144,6 +147,8 @@ class Sealer:
         LAYOUT: DATA with each line break the layer above wrote plainly (not
         `%0A`) made a NUL, where it wrote others escaped: a base64 block it
         escaped ends at a plain one. None: every line break is alike."""
+        if len(data) < self._shortest:
+            return []
         edits = [
             Edit(start, end, self._references[index], (self._names[index],), depth)
             for index, start, end in self._raw.find(data)
