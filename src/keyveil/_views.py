@@ -683,8 +683,7 @@ class Base64View:
         self._raw = raw
         self.run = run
         self.align = align
-        text = raw[run.start : run.end]
-        first_break = text.find(b"\n")
+        first_break = raw.find(b"\n", run.start, run.end)  # no copy of the run: found in place
         padding = raw[run.end : run.end + run.padding]
         if first_break == -1 and (b"\n" in padding or b"\r" in padding):
             # One line, its padding (or the rest of it) on the next: the line was as wide as the wrapping.
@@ -695,21 +694,60 @@ class Base64View:
             self._width = 0
             self._newline = b"\n"
         else:
-            self._newline = b"\r\n" if first_break and text[first_break - 1] == 0x0D else b"\n"
-            self._width = first_break - (len(self._newline) - 1)
-        chars = text.replace(b"\r", b"").replace(b"\n", b"") if first_break != -1 or b"\r" in text else text
+            self._newline = b"\r\n" if first_break > run.start and raw[first_break - 1] == 0x0D else b"\n"
+            self._width = first_break - run.start - (len(self._newline) - 1)
+        # The characters without line breaks (_chars) and a lone last one that
+        # decodes to nothing (_rest) are worked out when reencode needs them.
+        self._chars = None
+        self._rest = b""
+        self._urlsafe = raw.find(b"-", run.start, run.end) != -1 or raw.find(b"_", run.start, run.end) != -1
+        if align == 0 and not self._urlsafe:
+            self.data = self._decode_whole(first_break == -1 and raw.find(b"\r", run.start, run.end) == -1)
+        else:
+            self.data = None
+        if self.data is None:
+            self._split_chars()
+            body = self._chars[align:]
+            usable_body = body[: len(body) - len(self._rest)]
+            if self._urlsafe:
+                usable_body = usable_body.translate(_URL_TO_STD)
+            try:
+                self.data = binascii.a2b_base64(usable_body + b"=" * (-len(usable_body) % 4))
+            except binascii.Error:  # pragma: no cover - every byte is from the alphabet
+                self.data = b""
+
+    def _decode_whole(self, one_line: bool) -> bytes | None:
+        """The run decoded from its first character, at C speed, or None when this
+        way cannot say (then the characters are joined and decoded as for any
+        alignment). The standard decoder skips line breaks and stops at the
+        padding that completes the last group, so the run as it stands, with its
+        own padding or with `==`, decodes to what its characters padded as
+        needed do; it fails only when the padding is short, or on a lone last
+        character (which the characters' path keeps aside). ONE_LINE: the run
+        holds no line break, so its length is its number of characters."""
+        run = self.run
+        if one_line and (run.end - run.start) % 4 == 1:
+            return None  # a lone last character
+        with memoryview(self._raw) as view:
+            try:
+                if run.padding:
+                    # The run and its own padding, line breaks and all: no copy.
+                    return binascii.a2b_base64(view[run.start : run.end + run.padding])
+                if one_line and (run.end - run.start) % 4 == 0:
+                    return binascii.a2b_base64(view[run.start : run.end])  # whole groups: no padding, no copy
+                return binascii.a2b_base64(b"".join((view[run.start : run.end], b"==")))
+            except binascii.Error:
+                return None
+
+    def _split_chars(self) -> None:
+        """Set _chars (the run's characters, line breaks left out) and _rest."""
+        if self._chars is not None:
+            return
+        text = self._raw[self.run.start : self.run.end]
+        chars = text.replace(b"\r", b"").replace(b"\n", b"")
         self._chars = chars
-        body = chars[align:]
-        self._urlsafe = b"-" in chars or b"_" in chars
-        usable = len(body) - (len(body) % 4 == 1)
-        usable_body = body[:usable]
-        self._rest = body[usable:]  # a lone last character, which decodes to nothing: kept as it is
-        if self._urlsafe:
-            usable_body = usable_body.translate(_URL_TO_STD)
-        try:
-            self.data = binascii.a2b_base64(usable_body + b"=" * (-usable % 4))
-        except binascii.Error:  # pragma: no cover - every byte is from the alphabet
-            self.data = b""
+        body = max(0, len(chars) - self.align)
+        self._rest = chars[len(chars) - 1 :] if body % 4 == 1 else b""  # a lone last character, which decodes to nothing: kept as it is
 
     def _alphabet(self, kept: bytes, rewritten: bytes) -> bool:
         """Whether the rewritten characters are written URL-safe: as the ones they
@@ -728,6 +766,7 @@ class Base64View:
 
         The groups before FIRST_CHANGED (a decoded offset) keep their characters
         as they were (a path before the payload, in whatever alphabet)."""
+        self._split_chars()
         kept = first_changed // 3
         body = self._chars[self.align :]
         head = body[: 4 * kept]
