@@ -219,10 +219,11 @@ class Sealer:
                     found = [e for e in found if e not in overlap]
                 elif run.alternative and not run_edits and plus and not escape_plus:
                     continue
-                chars = data[run.start : run.end]
                 # A `+` in a run decoded after a prefix, or among URL-safe characters
-                # (which base64 never mixes with `+`), may be a space.
-                if not plus and run_edits and b"+" in chars and (align or b"-" in chars or b"_" in chars):
+                # (which base64 never mixes with `+`), may be a space. (The run's
+                # characters are copied only when it was sealed: a long image is not.)
+                chars = data[run.start : run.end] if not plus and run_edits else b""
+                if chars and b"+" in chars and (align or b"-" in chars or b"_" in chars):
                     pieces = self._in_plus_pieces(data, run, depth, spaced)
                     if pieces:
                         run_edits, align = pieces, 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import binascii
 import bisect
 import codecs
+import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -514,18 +515,15 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     needle = b"\x01" * max(1, min(min_chars, seed))
     classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
     # Narrow wrapping: a line of at least _MIN_WIDTH characters and another
-    # after it (LF; CRLF below): the last line of a block may be one character.
-    wrapped = b"\x01" * _MIN_WIDTH + b"\x02\x01"
-    patterns = [needle]
-    if b"\x02" in classes:  # line breaks: narrow wrapping too (LF, CRLF)
-        patterns += [wrapped, wrapped[: _MIN_WIDTH] + b"\x02" + wrapped[_MIN_WIDTH:]]
-    found = [classes.find(p) for p in patterns]  # the next occurrence of each, kept until passed
+    # after it (LF, CRLF): the last line of a block may be one character.
+    lf = crlf = None if b"\x02" in classes else -1  # where each next occurs (-1: nowhere; None: see _next_wrapping)
+    seeded = classes.find(needle)  # the next occurrence, kept until passed
     pos = 0
     while True:
-        for i, at in enumerate(found):
-            if at != -1 and at < pos:
-                found[i] = classes.find(patterns[i], pos)
-        hits = [at for at in found if at != -1]
+        if seeded != -1 and seeded < pos:
+            seeded = classes.find(needle, pos)
+        lf, crlf = _next_wrapping(classes, pos, lf, crlf)
+        hits = [at for at in (seeded, lf, crlf) if at is not None and at != -1]
         if not hits:
             break
         hit = min(hits)
@@ -536,6 +534,11 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
         pos = end
         if end - start < min_chars:
             continue  # too short to hold a value even with its line breaks
+        breaks = _one_block(data, classes, start, end)
+        if breaks is not None:  # one line, or one block of equal lines: taken whole, its breaks counted already
+            if end - start - breaks >= min_chars:
+                yield Run(start, end, _padding(data, end), False)
+            continue
         for run_start, run_end, alternative in _wrapped_blocks(data, start, end):
             chars = run_end - run_start - _count_breaks(data, run_start, run_end)
             if chars >= min_chars:
@@ -591,34 +594,88 @@ _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64,
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
-    return data.count(b"\n", start, end) + data.count(b"\r", start, end)
+    # bytes.count is a plain loop; find is memchr: a run without `\r` (most) is counted once.
+    crs = data.count(b"\r", start, end) if data.find(b"\r", start, end) != -1 else 0
+    return data.count(b"\n", start, end) + crs
+
+
+# A line of _MIN_WIDTH alphabet characters and a line break (classes), then another
+# line (LF: _WRAP_LF) or the LF of a CRLF and another line (_WRAP_CRLF).
+_WRAP_HEAD = b"\x01" * _MIN_WIDTH + b"\x02"
+_WRAP_LF = _WRAP_HEAD + b"\x01"
+_WRAP_CRLF = _WRAP_HEAD + b"\x02\x01"
+
+
+def _next_wrapping(classes: bytes, pos: int, lf: int | None, crlf: int | None) -> tuple[int | None, int | None]:
+    """Where _WRAP_LF and _WRAP_CRLF next occur in CLASSES from POS on, as LF and
+    CRLF were (-1: nowhere; an offset from POS on: there; else: to look for).
+
+    Each pattern on its own costs a pass over the whole buffer where it never
+    occurs (CRLF over LF text, both over a decoded image); one search for the
+    head they share finds the first of either. The other one is then left
+    unknown (None): it occurs after that one, which base64_runs takes first.
+    Only when the head's first occurrence is neither (a line, then a blank
+    line) is each looked for on its own, as base64_runs used to."""
+    stale_lf = lf is None or (lf != -1 and lf < pos)
+    stale_crlf = crlf is None or (crlf != -1 and crlf < pos)
+    if not (stale_lf or stale_crlf):
+        return lf, crlf
+    at = classes.find(_WRAP_HEAD, pos)
+    if at == -1:
+        return -1, -1
+    if classes.startswith(b"\x01", at + len(_WRAP_HEAD)):
+        return at, None if stale_crlf else crlf
+    if classes.startswith(b"\x02\x01", at + len(_WRAP_HEAD)):
+        return None if stale_lf else lf, at
+    return classes.find(_WRAP_LF, at) if stale_lf else lf, classes.find(_WRAP_CRLF, at) if stale_crlf else crlf
+
+
+def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
+    """How many line breaks START..END (alphabet bytes and line breaks; CLASSES is
+    DATA's base64_runs classes) holds when it is one run as it stands, else None
+    (``_wrapped_blocks`` cuts it then). One run: a single line, or — the common
+    case, at C speed — one block of equal LF lines (MIME, PEM bodies), at least
+    _MIN_WIDTH wide, three lines or more, a last line no longer that is no word
+    of text, no `\r` and no PEM armour. Its classes are then exactly
+    (width alphabet bytes, one break) repeated, then the last line: one
+    comparison checks every break's place, and counts them."""
+    first = data.find(b"\n", start, end)
+    if first == -1:
+        return 0 if data.find(b"\r", start, end) == -1 else None
+    width = first - start
+    if width < _MIN_WIDTH or data[end - 1] == 0x0A or data.find(b"\r", start, end) != -1:
+        return None
+    if data.find(b"-", start, end) != -1 and data.find(b"-----", start, end) != -1:
+        return None  # `-` is rare (URL-safe base64 only): `-----` is looked for only then
+    breaks, last = divmod(end - start, width + 1)
+    if breaks < 2 or not last:
+        return None
+    # Compared a few thousand lines at a time: a pattern as long as the run
+    # would be a fresh megabyte (page faults) for every image.
+    lines = _lines_pattern(width)
+    step = len(lines)
+    body_end = end - last
+    for at in range(start, body_end, step):
+        if not classes.startswith(lines if at + step <= body_end else lines[: body_end - at], at):
+            return None
+    if classes.find(b"\x02", body_end, end) != -1 or _text_after_block(data, body_end, end):
+        return None
+    return breaks
+
+
+@functools.lru_cache(maxsize=16)
+def _lines_pattern(width: int) -> bytes:
+    """The classes of whole lines of WIDTH characters and an LF, about 16 KiB of them."""
+    return (b"\x01" * width + b"\x02") * max(1, 16384 // (width + 1))
 
 
 def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, bool]]:
-    """START..END (alphabet bytes and line breaks) cut into runs: one line each, or a wrapped block.
+    """START..END (alphabet bytes and line breaks) cut into runs, line by line: one line each, or a wrapped block.
 
     A shorter line after a block may be its last line or a token of its own;
     the reading taken first is yielded first, the other as an alternative.
+    (One line, or one block of equal lines, is taken whole by ``_one_block`` first.)
     """
-    if data.find(b"\n", start, end) == -1 and data.find(b"\r", start, end) == -1:
-        yield start, end, False
-        return
-    segment = data[start:end]
-    if b"\r" not in segment and b"-----" not in segment and not segment.startswith(b"\n") and not segment.endswith(b"\n"):
-        # The common case, at C speed: one block of equal lines (MIME, PEM bodies):
-        # every break sits one line width after the one before it.
-        width = segment.find(b"\n")
-        breaks = segment.count(b"\n")
-        last = len(segment) - breaks * (width + 1)
-        if (
-            breaks >= 2
-            and width >= _MIN_WIDTH
-            and 0 < last <= width
-            and segment[width :: width + 1][:breaks] == b"\n" * breaks
-            and not _text_after_block(data, end - last, end)
-        ):
-            yield start, end, False
-            return
     # PEM armour (`-----BEGIN …-----`, `-----END …`) is never part of a block.
     lines = [(m.start(), m.end()) for m in _LINE_CONTENT.finditer(data, start, end)]
     lines = [(a, b) for a, b in lines if not (data.startswith(b"-----", a) or data.endswith(b"-----", a, b))]
@@ -716,8 +773,7 @@ class Base64View:
         self._raw = raw
         self.run = run
         self.align = align
-        text = raw[run.start : run.end]
-        first_break = text.find(b"\n")
+        first_break = raw.find(b"\n", run.start, run.end)  # no copy of the run: found in place
         padding = raw[run.end : run.end + run.padding]
         if first_break == -1 and (b"\n" in padding or b"\r" in padding):
             # One line, its padding (or the rest of it) on the next: the line was as wide as the wrapping.
@@ -728,21 +784,60 @@ class Base64View:
             self._width = 0
             self._newline = b"\n"
         else:
-            self._newline = b"\r\n" if first_break and text[first_break - 1] == 0x0D else b"\n"
-            self._width = first_break - (len(self._newline) - 1)
-        chars = text.replace(b"\r", b"").replace(b"\n", b"") if first_break != -1 or b"\r" in text else text
+            self._newline = b"\r\n" if first_break > run.start and raw[first_break - 1] == 0x0D else b"\n"
+            self._width = first_break - run.start - (len(self._newline) - 1)
+        # The characters without line breaks (_chars) and a lone last one that
+        # decodes to nothing (_rest) are worked out when reencode needs them.
+        self._chars = None
+        self._rest = b""
+        self._urlsafe = raw.find(b"-", run.start, run.end) != -1 or raw.find(b"_", run.start, run.end) != -1
+        if align == 0 and not self._urlsafe:
+            self.data = self._decode_whole(first_break == -1 and raw.find(b"\r", run.start, run.end) == -1)
+        else:
+            self.data = None
+        if self.data is None:
+            self._split_chars()
+            body = self._chars[align:]
+            usable_body = body[: len(body) - len(self._rest)]
+            if self._urlsafe:
+                usable_body = usable_body.translate(_URL_TO_STD)
+            try:
+                self.data = binascii.a2b_base64(usable_body + b"=" * (-len(usable_body) % 4))
+            except binascii.Error:  # pragma: no cover - every byte is from the alphabet
+                self.data = b""
+
+    def _decode_whole(self, one_line: bool) -> bytes | None:
+        """The run decoded from its first character, at C speed, or None when this
+        way cannot say (then the characters are joined and decoded as for any
+        alignment). The standard decoder skips line breaks and stops at the
+        padding that completes the last group, so the run as it stands, with its
+        own padding or with `==`, decodes to what its characters padded as
+        needed do; it fails only when the padding is short, or on a lone last
+        character (which the characters' path keeps aside). ONE_LINE: the run
+        holds no line break, so its length is its number of characters."""
+        run = self.run
+        if one_line and (run.end - run.start) % 4 == 1:
+            return None  # a lone last character
+        with memoryview(self._raw) as view:
+            try:
+                if run.padding:
+                    # The run and its own padding, line breaks and all: no copy.
+                    return binascii.a2b_base64(view[run.start : run.end + run.padding])
+                if one_line and (run.end - run.start) % 4 == 0:
+                    return binascii.a2b_base64(view[run.start : run.end])  # whole groups: no padding, no copy
+                return binascii.a2b_base64(b"".join((view[run.start : run.end], b"==")))
+            except binascii.Error:
+                return None
+
+    def _split_chars(self) -> None:
+        """Set _chars (the run's characters, line breaks left out) and _rest."""
+        if self._chars is not None:
+            return
+        text = self._raw[self.run.start : self.run.end]
+        chars = text.replace(b"\r", b"").replace(b"\n", b"")
         self._chars = chars
-        body = chars[align:]
-        self._urlsafe = b"-" in chars or b"_" in chars
-        usable = len(body) - (len(body) % 4 == 1)
-        usable_body = body[:usable]
-        self._rest = body[usable:]  # a lone last character, which decodes to nothing: kept as it is
-        if self._urlsafe:
-            usable_body = usable_body.translate(_URL_TO_STD)
-        try:
-            self.data = binascii.a2b_base64(usable_body + b"=" * (-usable % 4))
-        except binascii.Error:  # pragma: no cover - every byte is from the alphabet
-            self.data = b""
+        body = max(0, len(chars) - self.align)
+        self._rest = chars[len(chars) - 1 :] if body % 4 == 1 else b""  # a lone last character, which decodes to nothing: kept as it is
 
     def _alphabet(self, kept: bytes, rewritten: bytes) -> bool:
         """Whether the rewritten characters are written URL-safe: as the ones they
@@ -761,6 +856,7 @@ class Base64View:
 
         The groups before FIRST_CHANGED (a decoded offset) keep their characters
         as they were (a path before the payload, in whatever alphabet)."""
+        self._split_chars()
         kept = first_changed // 3
         body = self._chars[self.align :]
         head = body[: 4 * kept]

@@ -1,0 +1,266 @@
+"""The base64 fast paths (``keyveil._views``) give the answer the slow way gives.
+
+A 1 MiB image wrapped at 76 columns is found, counted and decoded at C speed:
+one comparison of its byte classes checks every line break's place
+(``_one_block``), one search finds where narrow wrapping starts, LF or CRLF
+(``_next_wrapping``), and the run is decoded as it stands, line breaks and
+padding and all (``Base64View``). Each is checked here against a plain
+restatement of what it stands for, and the whole against the standard
+library: carriers are built with ``base64`` at random widths (12-120, LF
+and CRLF, padding on the next line or one `=` a line, URL-safe or not,
+padded or not), values at random offsets, and every sealed carrier is
+decoded with ``base64`` again.
+"""
+
+import base64
+import binascii
+import random
+import re
+import secrets
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyveil._engine import Sealer
+from keyveil._views import (
+    _MIN_WIDTH,
+    _WRAP_CRLF,
+    _WRAP_LF,
+    B64_CLASSES,
+    Base64View,
+    _next_wrapping,
+    _one_block,
+    _text_after_block,
+    base64_runs,
+)
+
+NAME = "t/wrapped"
+REF = b"{{secret:t/wrapped}}"
+_SPAN = re.compile(rb"[A-Za-z0-9+/_\-\r\n]+")  # what base64_runs grows a run over
+
+
+def _slow_one_block(data: bytes, start: int, end: int) -> int | None:
+    """What _one_block stands for, line by line: the breaks of one line, or of one
+    block of equal LF lines (3 or more, at least _MIN_WIDTH wide, a last line no
+    longer that is no word of text, no PEM armour); None otherwise."""
+    segment = data[start:end]
+    if b"\n" not in segment:
+        return None if b"\r" in segment else 0
+    if b"\r" in segment or b"-----" in segment:
+        return None
+    lines = segment.split(b"\n")
+    width, last = len(lines[0]), lines[-1]
+    if width < _MIN_WIDTH or len(lines) < 3 or any(len(line) != width for line in lines[:-1]):
+        return None
+    if not 0 < len(last) <= width or _text_after_block(data, end - len(last), end):
+        return None
+    return len(lines) - 1
+
+
+def _wrap(text: bytes, width: int, newline: bytes, padding_style: str) -> bytes:
+    body = text.rstrip(b"=")
+    padding = text[len(body) :]
+    lines = [body[i : i + width] for i in range(0, len(body), width)]
+    out = newline.join(lines)
+    if padding_style == "next line":
+        out += newline + padding if padding else b""
+    elif padding_style == "one a line":
+        out += b"".join(newline + b"=" for _ in padding)
+    else:
+        out += padding
+    return out
+
+
+def _std_decode(text: bytes) -> bytes:
+    """TEXT's characters (line breaks and padding left out) decoded by the standard library;
+    a lone last character decodes to nothing."""
+    chars = text.replace(b"\r", b"").replace(b"\n", b"").rstrip(b"=").translate(bytes.maketrans(b"-_", b"+/"))
+    if len(chars) % 4 == 1:
+        chars = chars[:-1]
+    return base64.b64decode(chars + b"=" * (-len(chars) % 4))
+
+
+carriers = st.fixed_dictionaries(
+    {
+        "payload": st.one_of(st.binary(min_size=0, max_size=900), st.text(max_size=300).map(str.encode)),
+        "urlsafe": st.booleans(),
+        "padded": st.booleans(),
+        "width": st.integers(_MIN_WIDTH, 120),
+        "newline": st.sampled_from([b"\n", b"\r\n"]),
+        "padding_style": st.sampled_from(["same line", "next line", "one a line"]),
+        "before": st.sampled_from([b"", b"data: ", b'{"content": "', b"/upload/", b"x\n", b"-----BEGIN DATA-----\n"]),
+        "after": st.sampled_from([b"", b"\n", b'"}', b" please", b"\ntoken please", b"\n-----END DATA-----\n"]),
+        "seed": st.integers(0, 2**32),
+    }
+)
+
+
+def _carrier(c: dict, value: bytes | None = None) -> tuple[bytes, bytes, bytes]:
+    """(buffer, the wrapped text in it, its payload) for a drawn carrier, VALUE at a random offset of the payload."""
+    payload = c["payload"]
+    if value is not None:
+        at = random.Random(c["seed"]).randint(0, len(payload))
+        payload = payload[:at] + value + payload[at:]
+    text = (base64.urlsafe_b64encode if c["urlsafe"] else base64.b64encode)(payload)
+    if not c["padded"]:
+        text = text.rstrip(b"=")
+    wrapped = _wrap(text, c["width"], c["newline"], c["padding_style"])
+    return c["before"] + wrapped + c["after"], wrapped, payload
+
+
+@settings(max_examples=300, deadline=None)
+@given(c=carriers, mutation=st.sampled_from([None, b"\n", b"\r\n", b"-", b"ab", b""]), where=st.floats(0, 1))
+def test_one_block_says_what_the_lines_say(c, mutation, where):
+    data, _, _ = _carrier(c)
+    if mutation is not None and data:  # a line made longer, shorter, split or broken
+        at = int(where * (len(data) - 1))
+        data = data[:at] + mutation + data[at + 1 :]
+    classes = data.translate(B64_CLASSES)
+    for m in _SPAN.finditer(data):
+        assert _one_block(data, classes, m.start(), m.end()) == _slow_one_block(data, m.start(), m.end())
+
+
+def test_one_block_on_shapes_near_a_block():
+    line = b"QUJDREVGR0hJSktM"  # 16 characters
+    shapes = [
+        line + b"\n" + line + b"\n" + b"QUJD",  # a block
+        line + b"\n" + line + b"\n" + b"QU\nJD",  # its last line broken in two
+        line + b"\n" + line + b"\n" + line,  # a last line as wide as the others
+        line + b"\n" + line + b"\n" + line + b"Q",  # one wider
+        line + b"\n" + line,  # two lines
+        line + b"\n" + line + b"\n",  # ends with a break
+        line + b"\r\n" + line + b"\r\n" + b"QUJD",  # CRLF
+        line + b"\n" + line[:-1] + b"\n" + line + b"\n" + b"QUJD",  # a shorter line inside
+        line + b"\n\n" + line + b"\n" + b"QUJD",  # a blank line
+        line + b"\n" + line + b"\n" + b"abcd",  # a last line that may be a word
+        line[:11] + b"\n" + line[:11] + b"\n" + b"QUJD",  # narrower than wrapping
+        b"-----" + line[5:] + b"\n" + line + b"\n" + b"QUJD",  # `-----` (PEM armour, which base64 never writes)
+        b"-" + line[1:] + b"\n" + line + b"\n" + b"QUJD",  # a `-` that is no armour
+        line + b"\r" + line,  # a lone CR
+        line * 3,  # one line
+    ]
+    for shape in shapes:
+        for after in (b"", b" please", b'"'):
+            data = shape + after
+            classes = data.translate(B64_CLASSES)
+            for m in _SPAN.finditer(data):
+                assert _one_block(data, classes, m.start(), m.end()) == _slow_one_block(data, m.start(), m.end()), data
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    classes=st.lists(st.sampled_from([b"\x00", b"\x01" * 13, b"\x01", b"\x02", b"\x02\x02", b"\x01" * 5]), max_size=40).map(b"".join),
+    steps=st.lists(st.integers(0, 30), max_size=6),
+)
+def test_next_wrapping_finds_the_first_of_either_pattern(classes, steps):
+    """As base64_runs moves on (POS only grows), what _next_wrapping knows is exact,
+    and the first it knows of is the first occurrence of either pattern."""
+    lf = crlf = None
+    pos = 0
+    for step in [0, *steps]:
+        pos += step
+        lf, crlf = _next_wrapping(classes, pos, lf, crlf)
+        first_lf, first_crlf = classes.find(_WRAP_LF, pos), classes.find(_WRAP_CRLF, pos)
+        assert lf in (None, first_lf) and crlf in (None, first_crlf)
+        hits = [at for at in (first_lf, first_crlf) if at != -1]
+        known = [at for at in (lf, crlf) if at is not None and at != -1]
+        assert min(known, default=-1) == min(hits, default=-1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(c=carriers)
+def test_a_wrapped_run_decodes_as_the_standard_library_decodes_it(c):
+    data, wrapped, payload = _carrier(c)
+    for run in base64_runs(data, 16):
+        chars = data[run.start : run.end].replace(b"\r", b"").replace(b"\n", b"")
+        for align in range(4):
+            assert Base64View(data, run, align).data == (_std_decode(chars[align:]) if chars[align:] else b"")
+    runs = [r for r in base64_runs(data, 16) if data[r.start : r.end + r.padding] == wrapped]
+    if len(payload) >= 12 and c["before"] != b"/upload/":  # a path glued to the block is a prefix of its run
+        assert runs, "the wrapped block is one run"
+        assert Base64View(data, runs[0], 0).data == payload
+
+
+def test_a_lone_last_character_and_short_padding_take_the_characters_path():
+    """Runs the standard decoder refuses as they stand (a lone last character, padding
+    short of the group) decode as their characters do, and the lone character stays."""
+    text = base64.b64encode(secrets.token_bytes(60))  # 80 characters, no padding
+    short = base64.b64encode(secrets.token_bytes(40))[:-1]  # 54 characters and one `=` of the two
+    for raw in (text + b"Q", text[:-2] + b"\n" + text[-2:] + b"Q=", short, short[:40] + b"\n" + short[40:]):
+        run = max((r for r in base64_runs(raw, 16) if not r.alternative), key=lambda r: r.end - r.start)
+        view = Base64View(raw, run, 0)
+        assert view.data == _std_decode(raw[run.start : run.end])
+        edit = view.reencode(view.data)
+        out = raw[: edit.start] + edit.replacement + raw[edit.end :]
+        assert _std_decode(out) == view.data
+        if raw.endswith(b"Q"):  # the lone character is kept as it was
+            assert out == raw
+
+
+@settings(max_examples=150, deadline=None)
+@given(c=carriers)
+def test_a_value_at_any_offset_of_wrapped_base64_is_sealed(c):
+    value = b"kv_" + secrets.token_urlsafe(24).encode()
+    sealer = Sealer({NAME: [value]})
+    data, wrapped, payload = _carrier(c, value)
+    sealed = sealer.seal(data).data
+    assert value not in sealed
+    start = len(c["before"])
+    end = len(sealed) - len(c["after"])
+    assert sealed[:start] == c["before"] and sealed[end:] == c["after"]
+    assert _std_decode(sealed[start:end]) == payload.replace(value, REF)
+
+
+def test_a_binary_payload_still_hides_a_base64_value():
+    """An image-like payload (binary: its samples are not text) wrapped at 76
+    columns, with a base64 run inside it that holds a value: the decoded binary is
+    still looked at for base64 runs, and the value inside is sealed, two layers down."""
+    value = b"kv_" + secrets.token_urlsafe(24).encode()
+    rng = random.Random(secrets.randbits(32))
+    inner = base64.b64encode(b"token=" + value + b";")
+    binary = rng.randbytes(300_000)
+    at = rng.randrange(len(binary))
+    # Binary bytes around the run are not base64 characters (the run does not grow into them).
+    payload = binary[:at] + b"\x00" + inner + b"\x00" + binary[at:]
+    carrier = base64.encodebytes(payload)
+    result = Sealer({NAME: [value]}).seal(carrier)
+    assert result.counts[NAME] == 1
+    decoded = base64.b64decode(result.data)
+    assert value not in decoded
+    assert decoded[: at + 1] == payload[: at + 1] and decoded.endswith(b"\x00" + binary[at:])
+    run = decoded[at + 1 : len(decoded) - len(binary) + at - 1]
+    assert base64.b64decode(run) == b"token=" + REF + b";"
+    assert all(len(line) == 76 for line in result.data.split(b"\n")[:-2])
+
+
+def test_a_line_then_a_blank_line_then_narrow_wrapping():
+    """The shared head of the two wrapping patterns, first seen before a blank line:
+    narrow wrapping further on is still found, LF and CRLF."""
+    value = b"kv_" + secrets.token_urlsafe(24).encode()
+    sealer = Sealer({NAME: [value]})
+    text = base64.b64encode(b"x" * 7 + value + b"y" * 20)
+    for newline in (b"\n", b"\r\n"):
+        block = newline.join(text[i : i + 14] for i in range(0, len(text), 14))
+        data = b"abcdefghijklmnop" + newline + newline + b"! " + block + newline
+        sealed = sealer.seal(data).data
+        assert value not in sealed
+        head = b"abcdefghijklmnop" + newline + newline + b"! "
+        assert sealed.startswith(head)
+        assert _std_decode(sealed[len(head) :]) == b"x" * 7 + REF + b"y" * 20
+
+
+def test_runs_and_views_of_a_mime_block_are_whole():
+    """base64.encodebytes output (76 columns, LF, a last shorter line): one run, its
+    breaks counted, decoded from the run as it stands, and written back alike."""
+    payload = secrets.token_bytes(5000)
+    data = base64.encodebytes(payload)
+    (run,) = base64_runs(data, 40)
+    assert (run.start, run.alternative) == (0, False)
+    assert data[run.end : run.end + run.padding].strip(b"=") == b""
+    view = Base64View(data, run, 0)
+    assert view.data == payload
+    new = payload[:100] + b"{{secret:a/b}}" + payload[114:]
+    edit = view.reencode(new)
+    out = data[: edit.start] + edit.replacement + data[edit.end :]
+    assert base64.b64decode(out) == new
+    assert binascii.a2b_base64(out) == new and all(len(line) == 76 for line in out.split(b"\n")[:-2])
