@@ -6,6 +6,7 @@ It never overwrites an existing rules file.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -15,6 +16,12 @@ from pathlib import Path
 
 def default_home() -> Path:
     return Path(os.environ.get("KEYVEIL_HOME") or Path.home() / ".keyveil").expanduser()
+
+
+@functools.lru_cache(maxsize=8)
+def _generation_path(root: Path) -> str:
+    # Read once per flow, twice: the path is joined once per home, not per look.
+    return os.fspath(root / "vault-generation")
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class Home:
         """Bumped by every `keyveil secret` command that changed the vault; holds no value.
 
         Beside the vault folder, not in it: a remote vault writes nothing there."""
-        return self.root / "vault-generation"
+        return Path(_generation_path(self.root))
 
     def bump_generation(self) -> None:
         """Tell a running proxy the vault changed: a new file (a new inode) every time."""
@@ -65,7 +72,7 @@ class Home:
 
     def generation_stamp(self) -> tuple | None:
         try:
-            st = os.stat(self.generation)
+            st = os.stat(_generation_path(self.root))
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
