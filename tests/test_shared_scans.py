@@ -87,3 +87,11 @@ def test_an_equal_buffer_that_is_another_object_is_worked_out_again() -> None:
         runs_of(a, 24)
         assert _views._shared("runs", b, False) is None
         assert runs_of(b, 24) == list(base64_runs(b, 24))
+
+
+def test_a_mutable_buffer_is_never_kept():
+    data = bytearray(base64.b64encode(random.Random(3).randbytes(300)))
+    with shared_scans():
+        first = runs_of(data, 24)
+        data[100:101] = b" "  # cuts the run in two
+        assert runs_of(data, 24) == list(base64_runs(bytes(data), 24)) != first

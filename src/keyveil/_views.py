@@ -156,7 +156,7 @@ def shared_scans() -> Iterator[None]:
 def _shared(kind: str, data: bytes, key=None):
     """The entry kept for DATA (KIND, KEY) in the current block, or None (no block, or not yet worked out)."""
     cache = _SHARED.get()
-    if cache is None:
+    if cache is None or type(data) is not bytes:  # a bytearray may change under its id
         return None
     entry = cache.get((kind, id(data), key))
     # The entry holds DATA itself: an id is only trusted while its object lives.
@@ -165,7 +165,7 @@ def _shared(kind: str, data: bytes, key=None):
 
 def _keep(kind: str, data: bytes, key, *value) -> None:
     cache = _SHARED.get()
-    if cache is not None:
+    if cache is not None and type(data) is bytes:
         cache[(kind, id(data), key)] = (data, *value)
 
 
