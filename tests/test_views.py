@@ -7,11 +7,13 @@ standard library, holds exactly the replacement there.
 """
 
 import base64
+import binascii
 import json
 import random
 import re
 from urllib.parse import quote, unquote_to_bytes
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -181,3 +183,34 @@ def test_fast_json_decoder_on_many_short_strings_agrees_with_the_mapped_one():
         assert json_unescape(raw) == JsonView.build(raw).data
     doc = json.dumps([{"role": "user", "content": rng.choice(["", "ok", 'say "hi"\n', "a\\b"])} for _ in range(2000)]).encode()
     assert json_unescape(doc) == JsonView.build(doc).data
+
+
+@settings(max_examples=500)
+@given(
+    raw=st.binary(max_size=200),
+    noise=st.lists(st.sampled_from([b"=", b"==", b"\n", b"\r\n", b" ", b"-", b"_", b"%", b"A"]), max_size=6),
+    seed=st.integers(0, 2**32),
+)
+def test_fast_base64_decoder_is_binascii(raw, noise, seed):
+    # keyveil._views.a2b_base64 takes pybase64's SIMD path only for strictly valid
+    # text; on anything, it must give what binascii's lenient decoder gives, or fail as it does.
+    import base64 as std
+
+    from keyveil._views import a2b_base64
+
+    rng = random.Random(seed)
+    text = bytearray(std.b64encode(raw))
+    if rng.random() < 0.5 and text:
+        text = text.rstrip(b"=")
+    for piece in noise:
+        at = rng.randrange(len(text) + 1)
+        text[at:at] = piece
+    text = bytes(text)
+    try:
+        expected = binascii.a2b_base64(text)
+    except binascii.Error:
+        with pytest.raises(binascii.Error):
+            a2b_base64(text)
+        return
+    assert a2b_base64(text) == expected
+    assert a2b_base64(memoryview(text)) == expected

@@ -40,6 +40,7 @@ from ._views import (
     JsonView,
     PercentView,
     Run,
+    a2b_base64,
     base64_runs,
     json_unescape,
     json_windows,
@@ -564,7 +565,7 @@ class _RunTranscoder:
         self._chars = chars[whole:]
         if whole:
             group = chars[:whole].translate(_TO_STD) if self._urlsafe else chars[:whole]
-            self._decoded += binascii.a2b_base64(group)
+            self._decoded += a2b_base64(group)
             out.append(self._emit(final=False))
 
     def _emit(self, final: bool) -> bytes:
@@ -619,7 +620,7 @@ class _RunTranscoder:
             chars, lone = chars[:-1], chars[-1:]  # decodes to nothing: kept as it is
         if chars:
             text = chars.translate(_TO_STD) if self._urlsafe else chars
-            self._decoded += binascii.a2b_base64(text + b"=" * (-len(text) % 4))
+            self._decoded += a2b_base64(text + b"=" * (-len(text) % 4))
         # A partial last group of 2 or 3 characters encodes again to as many.
         tail = self._emit(final=True) if self._decoded else b""
         return tail + (self._wrap(lone) if lone else b"")
