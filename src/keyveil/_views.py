@@ -714,18 +714,23 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
             width = lines[i + 1][1] - lines[i + 1][0]
             yield first_start, first_end - width, False
             first_start = first_end - width
-        # Every break of one block is the one after its first line (CRLF or LF).
-        newline = data[lines[i][1] : lines[i + 1][0]] if i + 1 < len(lines) else b"\n"
+        # The lines of one block are parted by one line break each, LF or CRLF
+        # (a text pasted through tools that normalised some lines mixes them;
+        # every decoder ignores the difference). A blank line ends a block: the
+        # paragraph after it is a run of its own, never joined to this one.
         j = i
         if width >= _MIN_WIDTH:
-            while j + 1 < len(lines) and lines[j + 1][1] - lines[j + 1][0] == width and data[lines[j][1] : lines[j + 1][0]] == newline:
+            while (
+                j + 1 < len(lines)
+                and lines[j + 1][1] - lines[j + 1][0] == width
+                and _single_break(data, lines[j][1], lines[j + 1][0])
+            ):
                 j += 1
         tail = (
             j + 1 < len(lines)
             and width >= _MIN_WIDTH
             and 0 < lines[j + 1][1] - lines[j + 1][0] < width
             and _single_break(data, lines[j][1], lines[j + 1][0])
-            and data[lines[j][1] : lines[j + 1][0]] == newline
         )
         # After two or more full lines the shorter line ends the block, unless
         # it is a word that text goes on after (`…\ntoken please`); after one,
