@@ -83,3 +83,26 @@ def test_url_references_percent_encoded(url):
 def test_agrees_with_normative_pattern(text):
     expected = [m.group(1) for m in re.finditer(REFERENCE_PATTERN, text) if len(m.group(1)) <= NAME_MAX]
     assert [n for _, _, n in find_references(text.encode("utf-8"))] == expected
+
+
+def test_a_reference_with_any_of_its_characters_escaped_is_found():
+    # SPEC §3: any character of a JSON string may be \u-escaped, any byte percent-
+    # encoded; a reference is recognised through those layers, whichever were escaped.
+    import random
+    from urllib.parse import quote
+
+    from keyveil._references import find_references_layered, may_hold_reference
+
+    rng = random.Random(9)
+    ref = "{{secret:gitlab/token}}"
+    for _ in range(500):
+        chosen = {i for i in range(len(ref)) if rng.random() < rng.choice([0.05, 0.3, 1.0])}
+        if rng.random() < 0.5:
+            text = "".join(rng.choice(["\\u%04x", "\\u%04X"]) % ord(c) if i in chosen else c for i, c in enumerate(ref))
+            doc = ('{"t": "say ' + text + ' ok"}').encode()
+        else:
+            text = "".join(quote(c, safe="") if i in chosen and quote(c, safe="") != c else c for i, c in enumerate(ref))
+            text = "".join("%%%02X" % ord(c) if i in chosen and c.isalnum() else c for i, c in enumerate(text)) if rng.random() < 0.3 else text
+            doc = ("q=1&t=" + text).encode()
+        assert may_hold_reference(doc, escaped=True), doc
+        assert [name for _, _, name, _ in find_references_layered(doc)] == ["gitlab/token"], doc

@@ -490,7 +490,7 @@ class Engine:
         refs = _References()
 
         def scan(data: bytes, auth: bool, url: bool = False) -> None:
-            if not may_hold_reference(data):
+            if not may_hold_reference(data, escaped=True):
                 return
             for _, _, name, _ in find_references_layered(data):
                 if name not in self.names:
@@ -501,11 +501,15 @@ class Engine:
                 if auth:
                     refs.auth.add(name)
 
+        # Where a reference left over blocks the request, it is looked for through
+        # two layers of base64 (SPEC §3); elsewhere (it is only reported) through one.
+        everywhere = self.policy.unbound_reference == "block"
+
         def scan_credential(data: bytes, auth: bool) -> None:
             scan(data, auth)
             # A reference can hide in base64 (SPEC §3), which no marker shows:
             # headers and query parameters are short, so each token is decoded.
-            for decoded in _base64_tokens(data):
+            for decoded in _base64_tokens(data, layers=2 if auth or everywhere else 1):
                 scan(decoded, auth)
 
         for k, v in req.headers:
@@ -635,15 +639,16 @@ _BASE64_TOKEN = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
 _SECRET_IN_BASE64 = ahocorasick_rs.BytesAhoCorasick([b"c2Vj", b"Y3Jl", b"ZWNy"])
 
 
-def _base64_tokens(data: bytes) -> Iterator[bytes]:
+def _base64_tokens(data: bytes, layers: int = 1) -> Iterator[bytes]:
     """Every run of DATA that reads as base64 (either alphabet, padded or not,
     percent-encoded or not), decoded from each of its first four characters
     (a prefix such as ``tok_`` may be glued to it) where that holds a
-    reference: a ``{{secret:…}}`` is 12 bytes at least, 16 base64 characters."""
+    reference: a ``{{secret:…}}`` is 12 bytes at least, 16 base64 characters.
+    LAYERS 2: also base64 inside what a run decodes to (base64 of base64)."""
     if b"%" in data:
         data = unquote_to_bytes(data)
-    if not _SECRET_IN_BASE64.find_matches_as_indexes(data):
-        return
+    if layers == 1 and not _SECRET_IN_BASE64.find_matches_as_indexes(data):
+        return  # the outer text of base64 of base64 need not show it: no shortcut there
     for m in _BASE64_TOKEN.finditer(data):
         run = m.group().rstrip(b"=")
         for skip in range(4):
@@ -653,6 +658,8 @@ def _base64_tokens(data: bytes) -> Iterator[bytes]:
             decoded = decode_base64(part)
             if may_hold_reference(decoded):
                 yield decoded
+            elif layers > 1 and len(decoded) >= 16:
+                yield from _base64_tokens(decoded, layers - 1)
 
 
 def _credential(location: str) -> bool:
