@@ -214,3 +214,20 @@ def test_fast_base64_decoder_is_binascii(raw, noise, seed):
         return
     assert a2b_base64(text) == expected
     assert a2b_base64(memoryview(text)) == expected
+
+
+def test_a_word_after_a_line_break_of_another_kind_is_not_a_blocks_last_line():
+    # A CRLF-wrapped block, then a LF and a word of text: the word stays text
+    # (with mixed breaks allowed inside a block, the kind of break before a
+    # short last line is what tells a word from base64's last line).
+    import base64 as std
+
+    payload = std.urlsafe_b64encode(random.Random(2).randbytes(51))  # 68 characters: four full lines of 17
+    block = b"\r\n".join(payload[i : i + 17] for i in range(0, len(payload), 17))
+    data = block + b"\nlog see the rest"
+    runs = list(base64_runs(data, 24))
+    assert runs and runs[0].end <= len(block)
+    lines = [payload[i : i + 17] for i in range(0, len(payload), 17)]
+    mixed = lines[0] + b"".join((b"\r\n" if i % 2 else b"\n") + line for i, line in enumerate(lines[1:]))
+    (run,) = [r for r in base64_runs(mixed, 24) if not r.alternative]
+    assert (run.start, run.end) == (0, len(mixed))

@@ -717,20 +717,25 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         # The lines of one block are parted by one line break each, LF or CRLF
         # (a text pasted through tools that normalised some lines mixes them;
         # every decoder ignores the difference). A blank line ends a block: the
-        # paragraph after it is a run of its own, never joined to this one.
+        # paragraph after it is a run of its own, never joined to this one. A
+        # shorter last line that reads as a word comes after a break of a kind
+        # the block uses (a word after a LF below a CRLF block is text).
         j = i
+        breaks: set[bytes] = set()
         if width >= _MIN_WIDTH:
             while (
                 j + 1 < len(lines)
                 and lines[j + 1][1] - lines[j + 1][0] == width
                 and _single_break(data, lines[j][1], lines[j + 1][0])
             ):
+                breaks.add(data[lines[j][1] : lines[j + 1][0]])
                 j += 1
         tail = (
             j + 1 < len(lines)
             and width >= _MIN_WIDTH
             and 0 < lines[j + 1][1] - lines[j + 1][0] < width
             and _single_break(data, lines[j][1], lines[j + 1][0])
+            and (not breaks or data[lines[j][1] : lines[j + 1][0]] in breaks or not _word_like(data, *lines[j + 1]))
         )
         # After two or more full lines the shorter line ends the block, unless
         # it is a word that text goes on after (`…\ntoken please`); after one,
