@@ -24,10 +24,10 @@ import string
 import time
 import urllib.parse
 
-import httpx
 import pytest
 
 from tests import infra
+from tests.attack_oracle import client, holds, rand, received
 from tests.conftest import keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(180)
@@ -96,64 +96,11 @@ def proxy(kv, upstream, tmp_path_factory):
 # ============================================================================ oracle
 #
 # A value "got through" when the bytes hold it under up to three layers of the
-# SPEC §3 forms, decoded with the standard library only.
-
-_B64RUN = re.compile(rb"[A-Za-z0-9+/_=-]{8,}")
-_JSTR = re.compile(rb'"((?:[^"\\]|\\.)*)"', re.S)
-
-
-def _layers(data: bytes) -> list[bytes]:
-    out = []
-    for dec in (urllib.parse.unquote_to_bytes, lambda b: urllib.parse.unquote_to_bytes(b.replace(b"+", b" "))):
-        d = dec(data)
-        if d != data:
-            out.append(d)
-    for m in _JSTR.finditer(data):
-        try:
-            out.append(json.loads(b'"' + m.group(1) + b'"').encode("utf-8", "surrogatepass"))
-        except ValueError:
-            pass
-    flat = data.replace(b"\\r", b"").replace(b"\\n", b"").replace(b"\r", b"").replace(b"\n", b"").replace(b"\\/", b"/")
-    for m in _B64RUN.finditer(flat):
-        run = m.group().replace(b"-", b"+").replace(b"_", b"/").replace(b"=", b"")
-        for off in range(4):
-            r = run[off:]
-            if len(r) % 4 == 1:
-                r = r[:-1]
-            if len(r) >= 8:
-                out.append(base64.b64decode(r + b"=" * (-len(r) % 4)))
-    return out
-
-
-def holds(data: bytes, value: bytes, depth: int = 3) -> bool:
-    frontier, seen = [data], set()
-    for level in range(depth + 1):
-        nxt = []
-        for d in frontier:
-            if value in d or value in d.replace(b"\r", b"").replace(b"\n", b""):
-                return True
-            if level < depth:
-                for x in _layers(d):
-                    if x not in seen and len(x) >= len(value):
-                        seen.add(x)
-                        nxt.append(x)
-        frontier = nxt
-    return False
-
-
-def received(up) -> bytes:
-    parts = []
-    for rec in up.requests:
-        parts += [rec.method.encode(), rec.path.encode("latin-1"), *(k + b": " + v for k, v in rec.headers), rec.body]
-    return b"\n".join(parts)
+# SPEC §3 forms, decoded with the standard library only (tests/attack_oracle.py).
 
 
 def leaked(up, value: bytes) -> bool:
     return holds(received(up), value) or holds(up.all_bytes(), value)
-
-
-def client(proxy, **kw) -> httpx.Client:
-    return httpx.Client(proxy=proxy.url, verify=infra.client_ssl_context(proxy.ca_cert), trust_env=False, timeout=30, **kw)
 
 
 def raw_exchange(proxy, host: str, request: bytes, *, port: int = 443, sni: str | None = None) -> bytes:
@@ -181,9 +128,6 @@ def block_code(raw: bytes) -> str | None:
     m = re.search(rb"(?i)\r\nx-keyveil-block: ([a-z_]+)", raw)
     return m.group(1).decode() if m else None
 
-
-def rand(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
-    return "".join(secrets.choice(alphabet) for _ in range(n))
 
 
 # ============================================================================ findings

@@ -18,7 +18,6 @@ import base64
 import gzip
 import json
 import random
-import re
 import secrets
 import string
 import time
@@ -27,7 +26,9 @@ import urllib.parse
 import httpx
 import pytest
 
+from tests import attack_oracle as oracle
 from tests import infra
+from tests.attack_oracle import client, rand, received
 from tests.conftest import keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(180)
@@ -90,98 +91,19 @@ def proxy(kv, upstream, tmp_path_factory):
 # ============================================================================ oracle
 #
 # A value "got through" when the bytes hold it under up to three layers of the
-# SPEC §3 forms, decoded with the standard library only. Besides the decoders
-# of test_attack2 this one also undoes JSON escapes wherever they stand (not
-# only between quotes it pairs itself, which bare quotes would fool) and
-# decodes base64 the way GNU `base64 -d` does, "=" inside a run included.
-
-_B64RUN = re.compile(rb"[A-Za-z0-9+/_=-]{8,}")
-_JSTR = re.compile(rb'"((?:[^"\\]|\\.)*)"', re.S)
-_ESC = re.compile(rb'\\(u[0-9a-fA-F]{4}|["\\/bfnrt])')
-_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
-
-
-def _unescape_anywhere(data: bytes) -> bytes:
-    def one(m: re.Match) -> bytes:
-        t = m.group(1)
-        return chr(int(t[1:], 16)).encode("utf-8", "surrogatepass") if t[:1] == b"u" else _SIMPLE[t]
-
-    d = _ESC.sub(one, data)
-    try:  # join surrogate pairs
-        return d.decode("utf-8", "surrogatepass").encode("utf-16", "surrogatepass").decode("utf-16").encode()
-    except UnicodeError:
-        return d
-
-
-def _b64_pieces(run: bytes) -> bytes:
-    """GNU-style: every padded group ends a piece, decoding goes on after it."""
-    out = b""
-    for piece in re.split(rb"=+", run):
-        if len(piece) % 4 == 1:
-            piece = piece[:-1]
-        if piece:
-            out += base64.b64decode(piece + b"=" * (-len(piece) % 4))
-    return out
-
-
-def _layers(data: bytes) -> list[bytes]:
-    out = []
-    for dec in (urllib.parse.unquote_to_bytes, lambda b: urllib.parse.unquote_to_bytes(b.replace(b"+", b" "))):
-        d = dec(data)
-        if d != data:
-            out.append(d)
-    for m in _JSTR.finditer(data):
-        try:
-            out.append(json.loads(b'"' + m.group(1) + b'"').encode("utf-8", "surrogatepass"))
-        except ValueError:
-            pass
-    u = _unescape_anywhere(data)
-    if u != data:
-        out.append(u)
-    flat = data.replace(b"\\r", b"").replace(b"\\n", b"").replace(b"\r", b"").replace(b"\n", b"").replace(b"\\/", b"/")
-    for m in _B64RUN.finditer(flat):
-        run = m.group().replace(b"-", b"+").replace(b"_", b"/")
-        if b"=" in run.rstrip(b"="):
-            out.append(_b64_pieces(run))
-        run = run.replace(b"=", b"")
-        for off in range(4):
-            r = run[off:]
-            if len(r) % 4 == 1:
-                r = r[:-1]
-            if len(r) >= 8:
-                out.append(base64.b64decode(r + b"=" * (-len(r) % 4)))
-    return out
+# SPEC §3 forms, decoded with the standard library only (tests/attack_oracle.py,
+# anywhere=True): besides the second attack's decoders, JSON escapes undone
+# wherever they stand (bare quotes do not fool it) and base64 decoded the way
+# GNU `base64 -d` does, "=" inside a run included.
 
 
 def holds(data: bytes, value: bytes, depth: int = 3) -> bool:
-    frontier, seen = [data], set()
-    for level in range(depth + 1):
-        nxt = []
-        for d in frontier:
-            if value in d or value in d.replace(b"\r", b"").replace(b"\n", b""):
-                return True
-            if level < depth:
-                for x in _layers(d):
-                    if x not in seen and len(x) >= len(value):
-                        seen.add(x)
-                        nxt.append(x)
-        frontier = nxt
-    return False
-
-
-def received(up) -> bytes:
-    parts = []
-    for rec in up.requests:
-        parts += [rec.method.encode(), rec.path.encode("latin-1"), *(k + b": " + v for k, v in rec.headers), rec.body]
-    return b"\n".join(parts)
+    return oracle.holds(data, value, depth, anywhere=True)
 
 
 def ws_received(up) -> list[bytes]:
     return [m.data if isinstance(m.data, bytes) else m.data.encode() for m in up.ws_messages if m.direction == "client"]
 
-
-def client(proxy, **kw) -> httpx.Client:
-    return httpx.Client(proxy=proxy.url, verify=infra.client_ssl_context(proxy.ca_cert), trust_env=False, timeout=30, **kw)
 
 
 def post(proxy, up, body: bytes, url: str = "https://api.openai.com/v1/x", headers=None):
@@ -224,9 +146,6 @@ def jesc(s: str, rng: random.Random, p: float = 0.5) -> str:
             out.append({"/": "\\/"}.get(ch) or json.dumps(ch, ensure_ascii=False)[1:-1])
     return "".join(out)
 
-
-def rand(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
-    return "".join(secrets.choice(alphabet) for _ in range(n))
 
 
 # ============================================================================ findings
@@ -454,7 +373,7 @@ def test_holds_json_escapes_with_bare_quotes_and_many_short_strings(proxy, up, k
             r, got = post(proxy, up, body.encode())
             assert r.status_code == 200
             assert not holds(got, v), (name, body[:200], got[:300])
-            assert ref.encode() in _unescape_anywhere(got), (name, got[:300])
+            assert ref.encode() in oracle.unescape_anywhere(got), (name, got[:300])
         # valid JSON stays valid and decodes to the reference
         doc = json.dumps([",".join(['"'] * 7), "5\" x", {"k": "a " + s + " b"}, [s, '"', "\\"]] + ['"q"'] * 200)
         r, got = post(proxy, up, doc.encode(), headers={"content-type": "application/json"})
