@@ -20,7 +20,7 @@ def default_home() -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _generation_path(root: Path) -> str:
-    # Read once per flow, twice: the path is joined once per home, not per look.
+    # A running proxy stats it twice per flow: the path is joined once per home.
     return os.fspath(root / "vault-generation")
 
 
