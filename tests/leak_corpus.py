@@ -44,10 +44,10 @@ from random import Random
 import brotli
 import httpx
 import websockets.exceptions
-import websockets.sync.client
 from mitmproxy.net import encoding
 
 from tests import infra
+from tests.infra import wsclient
 from tests import stdlib_forms as sf
 from tests.conftest import KeyveilSetup, keyveil, make_home
 from tests.stdlib_oracle import Oracle, check_round_trip, split_carrier
@@ -595,7 +595,7 @@ class Sender:
         ctx = infra.client_ssl_context(self.proxy.ca_cert)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in case.headers]
         try:
-            ws = websockets.sync.client.connect(
+            ws = wsclient.connect(
                 f"wss://{case.host}{case.path}",
                 proxy=self.proxy.url,
                 ssl=ctx,

@@ -23,6 +23,7 @@ import pytest
 
 from keyveil._engine import Sealer
 from tests import infra
+from tests.infra import wsclient
 from tests.conftest import keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(120)
@@ -397,12 +398,11 @@ def test_finding_word_line_value_base64_reaches_a_provider(proxy, up, kv):
 
 
 def test_finding_word_line_value_base64_in_a_websocket_message_to_a_provider(proxy, up, kv):
-    import websockets.sync.client
 
     v = pat(kv)
     msg = "Your token is\n" + v + "\n" + base64.b64encode(v.encode()).decode()
     ctx = infra.client_ssl_context(proxy.ca_cert)
-    with websockets.sync.client.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
+    with wsclient.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
         ws.send(msg)
         ws.recv(timeout=15)
     (got,) = [m.data for m in up.ws_messages if m.direction == "client"]
@@ -548,7 +548,6 @@ def test_holds_unbound_reference_in_a_cookie(proxy, up, kv):
 
 
 def test_holds_websocket_forms_toward_a_provider(proxy, up, kv):
-    import websockets.sync.client
 
     v = pat(kv)
     msgs = [
@@ -557,7 +556,7 @@ def test_holds_websocket_forms_toward_a_provider(proxy, up, kv):
         ("bin " + v).encode(),
     ]
     ctx = infra.client_ssl_context(proxy.ca_cert)
-    with websockets.sync.client.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
+    with wsclient.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
         for m in msgs:
             ws.send(m)
             ws.recv(timeout=15)

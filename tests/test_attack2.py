@@ -27,6 +27,7 @@ import urllib.parse
 import pytest
 
 from tests import infra
+from tests.infra import wsclient
 from tests.attack_oracle import client, holds, rand, received
 from tests.conftest import keyveil, keyveil_proxy, make_home
 
@@ -396,10 +397,9 @@ def test_holds_injected_values_stay_out_of_console_flow_file_and_audit(proxy, up
     """WebSocket injection, an injection whose upstream TLS fails (error hook),
     and echoed values: nothing reaches mitmdump's flow_detail=4 console, the -w
     flow file or the audit log."""
-    import websockets.sync.client
 
     ctx = infra.client_ssl_context(proxy.ca_cert)
-    with websockets.sync.client.connect("wss://ws.test.keyveil/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
+    with wsclient.connect("wss://ws.test.keyveil/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
         ws.send("auth {{secret:ws/token}}")
         assert ws.recv(timeout=10) == "auth {{secret:ws/token}}"
         ws.send([b"bin {{secre", b"t:ws/token}}"])  # fragmented
@@ -424,13 +424,12 @@ def test_holds_injected_values_stay_out_of_console_flow_file_and_audit(proxy, up
 
 
 def test_holds_fragmented_websocket_messages_toward_a_provider(proxy, up, kv):
-    import websockets.sync.client
 
     v = kv.values["github/pat"]
     s = v.decode()
     msgs = ["t " + s, '{"a":"' + "".join("\\u%04x" % ord(ch) for ch in s) + '"}', "b " + base64.b64encode(v).decode()]
     ctx = infra.client_ssl_context(proxy.ca_cert)
-    with websockets.sync.client.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
+    with wsclient.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
         for m in msgs:
             for data in (m, m.encode()):
                 k = max(1, len(data) // 6)

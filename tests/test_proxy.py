@@ -16,10 +16,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-import websockets.sync.client
 from mitmproxy.net import encoding
 
 from tests import infra
+from tests.infra import wsclient
 from tests.conftest import keyveil_proxy
 
 pytestmark = pytest.mark.timeout(90)
@@ -236,7 +236,7 @@ def test_websocket_both_ways(proxy, up, kv):
     tok, pat = kv.values["ws/token"], kv.values["github/pat"]
     up.set_ws_greeting("server says " + pat.decode())
     ssl_ctx = infra.client_ssl_context(proxy.ca_cert)
-    with websockets.sync.client.connect("wss://ws.test.keyveil/ws", proxy=proxy.url, ssl=ssl_ctx, open_timeout=10) as ws:
+    with wsclient.connect("wss://ws.test.keyveil/ws", proxy=proxy.url, ssl=ssl_ctx, open_timeout=10) as ws:
         greeting = ws.recv(timeout=5)
         ws.send('{"auth": "{{secret:ws/token}}"}')
         echo = ws.recv(timeout=5)
@@ -249,7 +249,7 @@ def test_websocket_both_ways(proxy, up, kv):
 def test_websocket_to_provider_is_sealed(proxy, up, kv):
     pat = kv.values["github/pat"]
     ssl_ctx = infra.client_ssl_context(proxy.ca_cert)
-    with websockets.sync.client.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ssl_ctx, open_timeout=10) as ws:
+    with wsclient.connect("wss://api.openai.com/ws", proxy=proxy.url, ssl=ssl_ctx, open_timeout=10) as ws:
         ws.send(json.dumps({"type": "response.create", "input": "token " + pat.decode()}))
         ws.recv(timeout=5)
     (msg,) = [m.data for m in up.ws_messages if m.direction == "client"]
