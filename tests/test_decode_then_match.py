@@ -201,3 +201,107 @@ def test_a_long_json_body_is_mapped_back_around_each_value():
         assert sorted(sealed.counts) == sorted(values)
         want = [prose + "{{secret:" + name + "}}" + prose for name in values]
         assert _json.loads(sealed.data) == {"messages": want}
+
+
+# --- `%25` and `\\\\u` escapes that start an escape of the next layer, and ones that do not ---------
+
+
+@pytest.fixture
+def plain_value() -> bytes:
+    # No `%` and no backslash: the sealer then builds a view for `%25` and `\\\\u`
+    # only where they start an escape of the next layer.
+    return b"ghp_" + secrets.token_urlsafe(24).encode()
+
+
+def percent_some(text: str, rng: random.Random, share: float = 0.5) -> str:
+    """TEXT with `%` always and any other character at random percent-escaped, in random hex case."""
+    out = []
+    for ch in text:
+        if ch == "%" or rng.random() < share:
+            out.append("".join(f"%{b:02X}" if rng.random() < 0.5 else f"%{b:02x}" for b in ch.encode()))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_two_percent_layers_with_the_hex_digits_after_25_escaped(plain_value, seed):
+    """`%25%34%31` is `%41` one layer down: the digits after a `%25` may be escaped themselves."""
+    rng = random.Random(seed)
+    twice = percent_some(percent_some(plain_value.decode(), rng, 1.0), rng).encode()
+    assert b"%25%3" in twice or b"%25%4" in twice or b"%25%6" in twice
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), b"q=" + twice):
+        assert unquote_to_bytes(unquote_to_bytes(sealed)) == b"q=" + REF
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_json_of_two_percent_layers_with_the_hex_digits_after_25_u_escaped(plain_value, seed):
+    """`%25\\u0034\\u0031` in a JSON string: `%2541`, then `%41`, then the character."""
+    rng = random.Random(seed)
+    twice = quote(percent_some(plain_value.decode(), rng, 1.0), safe="")
+    assert "%25" in twice
+    escaped = "".join(f"\\u{ord(c):04x}" if c in "0123456789ABCDEFabcdef" and rng.random() < 0.5 else c for c in twice)
+    body = b'{"url": "' + escaped.encode() + b'"}'
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+        assert unquote_to_bytes(unquote_to_bytes(json.loads(sealed)["url"])) == REF
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_json_of_json_with_u_escapes_and_no_backslash_in_the_value(plain_value, seed):
+    """`\\\\u0067` is `\\u0067` one layer down: an escaped backslash before a `u` escape of a value's character."""
+    rng = random.Random(seed)
+    inner = '{"token": "' + u_escape(plain_value.decode(), rng, 0.7) + '"}'
+    body = json.dumps({"tool_result": inner, "note": "\u2190 \\u2190"}).encode()
+    assert b"\\\\u00" in body
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+        assert json.loads(json.loads(sealed)["tool_result"]) == {"token": REF.decode()}
+
+
+def test_a_25_or_an_escaped_backslash_that_starts_no_escape_builds_no_view(plain_value, monkeypatch):
+    """Escaped source code holds `"%25"`, `%25zone`, ``%0a`` and `\\\\u2190`: each is one byte of the
+    next layer that starts no escape there, and no value holds `%` or a backslash,
+    so no percent view and no second JSON view is built for them."""
+    source = 'ZONE = "%25"\nhost = "fe80::1%25zone"\nARROW = "\\u2190"\n# escaped newlines (``%0a``)\n' * 50
+    body = json.dumps({"content": source}).encode()
+    assert b"%25" in body and b"\\\\u2190" in body
+    sealer = Sealer({NAME: [plain_value]})
+    views: list[str] = []
+    for kind in ("_in_percent", "_in_json"):
+        inner = getattr(Sealer, kind)
+
+        def counted(self, data, depth, *args, _inner=inner, _kind=kind, **kwargs):
+            views.append(f"{_kind} at depth {depth}")
+            return _inner(self, data, depth, *args, **kwargs)
+
+        monkeypatch.setattr(Sealer, kind, counted)
+    assert sealer.seal(body).data == body
+    assert views == []  # nor for the source's `\\n` and `\\"`, which no value holds
+    # The same escapes in front of what does start one are looked at.
+    views.clear()
+    twice = quote(percent_some(plain_value.decode(), random.Random(0), 1.0), safe="")
+    sealed = sealer.seal(json.dumps({"content": source + twice}).encode())
+    assert unquote_to_bytes(unquote_to_bytes(json.loads(sealed.data)["content"][len(source) :])) == REF
+    assert set(views) == {"_in_percent at depth 0", "_in_percent at depth 1"}
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_wrapped_base64_whose_only_escapes_are_its_line_breaks(plain_value, crlf):
+    """`quote(encodebytes(...))` of base64 without `+`, `/` or `=`: the `%0A` (or
+    `%0D%0A`) between its lines is the only escape, and it joins the lines."""
+    rng = random.Random(7)
+    while True:
+        payload = b"x" * rng.randrange(3, 40) + plain_value + b"y" * rng.randrange(60, 90)
+        payload += b"z" * (-len(payload) % 3)
+        wrapped = base64.encodebytes(payload)
+        if not any(c in wrapped for c in b"+/="):
+            break
+    if crlf:
+        wrapped = wrapped.replace(b"\n", b"\r\n")
+    escaped = quote(wrapped, safe="").encode()
+    assert b"%0A" in escaped and b"%2" not in escaped and b"%3" not in escaped
+    body = b"note=see ``%0a`` in the docs&file=" + escaped
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+        head, _, tail = sealed.partition(b"&file=")
+        assert head == b"note=see ``%0a`` in the docs"
+        decoded = base64.b64decode(unquote_to_bytes(tail))
+        assert REF in decoded and plain_value not in decoded

@@ -762,7 +762,10 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
-    patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
+    # An escaped backslash before a `\\u` escape that matters (`\\\\u0041`) holds
+    # that escape as text, which the patterns above find; before one that does
+    # not (`\\\\u2190`, an arrow in escaped source code) it needs no view.
+    patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/)")
     # Base64 wrapped inside a JSON string: a line of base64 (`\\/` and doubled
     # backslashes count) as wide as the narrowest wrapping, a line break
     # escape (`\\n`, `\\r`, `\\r\\n`), more base64. One pattern led by the lone
@@ -772,7 +775,22 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     # costs a third of what a `\\n`-led pattern does.
     line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
     patterns.append(rf"\\[nr](?<={line}\\[nr])(?=[A-Za-z0-9+/_=-]|\\[/n])".encode())
-    percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
+    # Two escapes matter only where they start or join something, unless a value
+    # holds their byte. `%25` is a `%`: it starts an escape of the next layer
+    # before a hex digit (`%2541`; an escaped digit, `%25%34%31`, is an escape
+    # that matters on its own). `%0A` and `%0D` are line breaks: between lines
+    # of wrapped base64 (written plainly or escaped, ending in `=` or not).
+    # Escaped source code and docs are full of `"%25"`, `%25zone` and
+    # ``%0a``, each of which would cost a whole percent view and its views.
+    contextual = {ord("%"), ord("\r"), ord("\n")} - values_bytes
+    alternatives = [_hex_alternatives("", relevant - contextual)]
+    if ord("%") in contextual:
+        alternatives.append("25(?=[0-9A-Fa-f])")
+    if contextual & {ord("\r"), ord("\n")}:
+        alternatives.append("(?<=[A-Za-z0-9+/=_-]%)0[aAdD](?=[A-Za-z0-9+/=_%-])")
+    # Led by the `%` itself: the regex engine then jumps from `%` to `%`.
+    percent = "%(?:" + "|".join(alternatives) + ")"
+    percent_trigger = re.compile(percent.encode())
     return _AnyOf(patterns, short_literals), percent_trigger
 
 
