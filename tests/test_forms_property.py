@@ -35,6 +35,12 @@ from tests.stdlib_oracle import Oracle, check_round_trip, split_carrier
 FAST = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 SOAK = settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck))
 
+
+def soak(test):
+    """A `make soak` property: 4,000 examples take minutes, past the suite's 120 s per test."""
+    return pytest.mark.timeout(3600)(pytest.mark.soak(test))
+
+
 NAMES = ("github/pat", "s1", "team/a.b-c_d")
 
 
@@ -138,7 +144,7 @@ def _prop_a(scenario: Scenario) -> None:
 
 
 test_a_sealed_output_holds_no_value = FAST(given(scenarios())(_prop_a))
-test_a_soak_sealed_output_holds_no_value = pytest.mark.soak(SOAK(given(scenarios(max_forms=4))(_prop_a)))
+test_a_soak_sealed_output_holds_no_value = soak(SOAK(given(scenarios(max_forms=4))(_prop_a)))
 
 
 # --- (b) a clean buffer comes back unchanged ---------------------------------------------------
@@ -156,7 +162,7 @@ def _prop_b(scenario: Scenario) -> None:
 
 
 test_b_clean_buffer_is_unchanged = FAST(given(clean_scenarios())(_prop_b))
-test_b_soak_clean_buffer_is_unchanged = pytest.mark.soak(SOAK(given(clean_scenarios())(_prop_b)))
+test_b_soak_clean_buffer_is_unchanged = soak(SOAK(given(clean_scenarios())(_prop_b)))
 
 
 # --- (c) a stream in any chunks scrubs like the whole buffer -----------------------------------
@@ -183,7 +189,7 @@ def _prop_c(scenario: Scenario, cuts: list[int]) -> None:
 
 _cuts = st.lists(st.integers(0, 1 << 16), max_size=16)
 test_c_any_chunking_scrubs_like_whole = FAST(given(scenarios(), _cuts)(_prop_c))
-test_c_soak_any_chunking_scrubs_like_whole = pytest.mark.soak(SOAK(given(scenarios(max_forms=4), _cuts)(_prop_c)))
+test_c_soak_any_chunking_scrubs_like_whole = soak(SOAK(given(scenarios(max_forms=4), _cuts)(_prop_c)))
 
 
 # --- (d) the carrier round trip ----------------------------------------------------------------
@@ -217,7 +223,7 @@ def _prop_d(scenario: Scenario) -> None:
 
 
 test_d_sealed_carrier_decodes_to_the_reference = FAST(given(scenarios())(_prop_d))
-test_d_soak_sealed_carrier_decodes_to_the_reference = pytest.mark.soak(SOAK(given(scenarios(max_forms=4))(_prop_d)))
+test_d_soak_sealed_carrier_decodes_to_the_reference = soak(SOAK(given(scenarios(max_forms=4))(_prop_d)))
 
 
 # --- the generator and the oracle themselves (these hold whatever the engine does) ----------

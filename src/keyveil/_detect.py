@@ -484,6 +484,7 @@ def looks_random(value: bytes, min_length: int = 16, min_entropy: float = 2.5) -
 
 # A byte that may not touch a token on either side: a letter or a digit.
 _WORD = bytes(1 if (48 <= b <= 57 or 65 <= b <= 90 or 97 <= b <= 122) else 0 for b in range(256))
+_LOWER = bytes(1 if 97 <= b <= 122 else 0 for b in range(256))
 _TOKENISH = bytes(1 if (_WORD[b] or b in b"+/=_-") else 0 for b in range(256))
 _HEX = bytes(1 if (48 <= b <= 57 or 65 <= b <= 70 or 97 <= b <= 102) else 0 for b in range(256))
 _BACKSLASH, _PERCENT = 0x5C, 0x25
@@ -620,9 +621,15 @@ class Detector:
                     s, e = m.span(check.group)
                     found.append((check.rank, s, e, check.kind))
         assign = self._assign.match
+        last = n - 1
         for automaton in self._keyword_groups:
-            # The hot loop: keywords are common words; most are not followed by an operator.
+            # The hot loop: keywords are common words; most are not followed by an
+            # operator. A keyword, a space and a lower-case letter (`token is`) is
+            # the word of a sentence: `_ASSIGN` would fail at the letter, where only
+            # an operator may follow the space (four of five hits in prose).
             for _, start, end in automaton.find_matches_as_indexes(data):
+                if end < last and data[end] == 0x20 and _LOWER[data[end + 1]]:
+                    continue
                 m = assign(data, end)
                 if m is not None:
                     self._assigned(data, start, m, found)
