@@ -203,13 +203,13 @@ def test_a_long_json_body_is_mapped_back_around_each_value():
         assert _json.loads(sealed.data) == {"messages": want}
 
 
-# --- `%25` and `\\\\u` escapes that start an escape of the next layer, and ones that do not ---------
+# --- `%25`, `%0A` and `\\\\u` escapes that start or join an escape of the next layer ----------------
 
 
 @pytest.fixture
 def plain_value() -> bytes:
-    # No `%` and no backslash: the sealer then builds a view for `%25` and `\\\\u`
-    # only where they start an escape of the next layer.
+    # No `%`, no backslash, no line break: those bytes then matter only as the
+    # syntax of a layer below.
     return b"ghp_" + secrets.token_urlsafe(24).encode()
 
 
@@ -257,33 +257,6 @@ def test_json_of_json_with_u_escapes_and_no_backslash_in_the_value(plain_value, 
         assert json.loads(json.loads(sealed)["tool_result"]) == {"token": REF.decode()}
 
 
-def test_a_25_or_an_escaped_backslash_that_starts_no_escape_builds_no_view(plain_value, monkeypatch):
-    """Escaped source code holds `"%25"`, `%25zone`, ``%0a`` and `\\\\u2190`: each is one byte of the
-    next layer that starts no escape there, and no value holds `%` or a backslash,
-    so no percent view and no second JSON view is built for them."""
-    source = 'ZONE = "%25"\nhost = "fe80::1%25zone"\nARROW = "\\u2190"\n# escaped newlines (``%0a``)\n' * 50
-    body = json.dumps({"content": source}).encode()
-    assert b"%25" in body and b"\\\\u2190" in body
-    sealer = Sealer({NAME: [plain_value]})
-    views: list[str] = []
-    for kind in ("_in_percent", "_in_json"):
-        inner = getattr(Sealer, kind)
-
-        def counted(self, data, depth, *args, _inner=inner, _kind=kind, **kwargs):
-            views.append(f"{_kind} at depth {depth}")
-            return _inner(self, data, depth, *args, **kwargs)
-
-        monkeypatch.setattr(Sealer, kind, counted)
-    assert sealer.seal(body).data == body
-    assert views == []  # nor for the source's `\\n` and `\\"`, which no value holds
-    # The same escapes in front of what does start one are looked at.
-    views.clear()
-    twice = quote(percent_some(plain_value.decode(), random.Random(0), 1.0), safe="")
-    sealed = sealer.seal(json.dumps({"content": source + twice}).encode())
-    assert unquote_to_bytes(unquote_to_bytes(json.loads(sealed.data)["content"][len(source) :])) == REF
-    assert set(views) == {"_in_percent at depth 0", "_in_percent at depth 1"}
-
-
 @pytest.mark.parametrize("crlf", [False, True])
 def test_wrapped_base64_whose_only_escapes_are_its_line_breaks(plain_value, crlf):
     """`quote(encodebytes(...))` of base64 without `+`, `/` or `=`: the `%0A` (or
@@ -305,3 +278,37 @@ def test_wrapped_base64_whose_only_escapes_are_its_line_breaks(plain_value, crlf
         assert head == b"note=see ``%0a`` in the docs"
         decoded = base64.b64decode(unquote_to_bytes(tail))
         assert REF in decoded and plain_value not in decoded
+
+
+# --- a long base64 run glued to the tail of an escape ------------------------------------------------
+
+
+def _long_payload(value: bytes) -> bytes:
+    # Over SHORT_RUN (512) base64 characters: such a run is not decoded from all four offsets.
+    return b"# deploy config\n" + b"REGION=eu-west-1\nRETRIES=3\n" * 14 + b"GITHUB_TOKEN=" + value + b"\n"
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    ["percent, after %20", "percent, after %0A", "JSON, after \\n", "JSON, after \\t", "JSON, after \\u2190"],
+)
+def test_a_long_base64_run_glued_to_the_tail_of_an_escape(plain_value, carrier):
+    """`Hello%20<base64>`: the run scan reads the `20` of `%20` (or the `n` of `\\n`,
+    the `u2190` of `\\u2190`) as base64 characters. Decoded from its first character
+    the payload is shifted; keyveil also decodes it from after the escape's tail."""
+    payload = _long_payload(plain_value)
+    b64 = base64.urlsafe_b64encode(payload).rstrip(b"=").decode() if carrier.startswith("percent") else base64.b64encode(payload).decode()
+    assert len(b64) > 512
+    if carrier == "percent, after %20":
+        body, read = quote("Hello " + b64).encode(), lambda out: unquote_to_bytes(out).split(b" ", 1)[1]
+    elif carrier == "percent, after %0A":
+        body, read = quote("See the attached file.\n" + b64).encode(), lambda out: unquote_to_bytes(out).split(b"\n", 1)[1]
+    else:
+        glue = {"JSON, after \\n": "config:\n", "JSON, after \\t": "a:\t", "JSON, after \\u2190": "\u2190"}[carrier]
+        body = json.dumps({"file": glue + b64}).encode()
+        read = lambda out: json.loads(out)["file"][len(glue) :].encode()  # noqa: E731
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+        text = read(sealed)
+        decoded = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
+        assert plain_value not in decoded
+        assert decoded == payload.replace(plain_value, REF)

@@ -701,18 +701,24 @@ _TEXT_SAMPLE = 4096
 _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
 
 
+_ESCAPE_TAIL = {ord("%"): 2, ord("\\"): 1}  # escape → its characters in a run, modulo 4 (`\\uXXXX`: 5)
+
+
 def _offsets(data: bytes, run: Run) -> list[int]:
     """The character offsets a base64 run is decoded from.
 
     A payload may sit after other base64 characters (``/upload/`` in a path,
     ``user-`` before a token): a short run is decoded from each of its four
-    offsets. A long one is decoded from its start, and from where its first
-    line ends when that line is shorter than the next (``KEY-----`` before
-    the body of a PEM block).
+    offsets. A long one is decoded from its start, from after the tail of an
+    escape it is glued to (``%0A`` before it: ``0A`` is base64), and from where
+    its first line ends when that line is shorter than the next (``KEY-----``
+    before the body of a PEM block).
     """
     if run.end - run.start <= SHORT_RUN or data[run.start : run.start + 1] == b"/":
         return [0, 1, 2, 3]  # short, or after a path (`/upload/…`): any offset
     offsets = [0]
+    # Glued to the tail of an escape the run scan takes for base64 characters:
+    # the hex digits of `%0A` or `%20`, the letter of `\n`, the `u2190` of `\u2190`.
     first = data.find(b"\n", run.start, run.end)
     if first != -1:
         second = data.find(b"\n", first + 1, run.end)
@@ -720,6 +726,9 @@ def _offsets(data: bytes, run: Run) -> list[int]:
         if second == -1 or head < second - first - 1 - (data[second - 1] == 0x0D):
             if head % 4:
                 offsets.append(head % 4)
+    glued = _ESCAPE_TAIL.get(data[run.start - 1]) if run.start else None
+    if glued and glued not in offsets:
+        offsets.append(glued)
     return offsets
 
 
@@ -762,10 +771,7 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
-    # An escaped backslash before a `\\u` escape that matters (`\\\\u0041`) holds
-    # that escape as text, which the patterns above find; before one that does
-    # not (`\\\\u2190`, an arrow in escaped source code) it needs no view.
-    patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/)")
+    patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
     # Base64 wrapped inside a JSON string: a line of base64 (`\\/` and doubled
     # backslashes count) as wide as the narrowest wrapping, a line break
     # escape (`\\n`, `\\r`, `\\r\\n`), more base64. One pattern led by the lone
@@ -775,22 +781,7 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     # costs a third of what a `\\n`-led pattern does.
     line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
     patterns.append(rf"\\[nr](?<={line}\\[nr])(?=[A-Za-z0-9+/_=-]|\\[/n])".encode())
-    # Two escapes matter only where they start or join something, unless a value
-    # holds their byte. `%25` is a `%`: it starts an escape of the next layer
-    # before a hex digit (`%2541`; an escaped digit, `%25%34%31`, is an escape
-    # that matters on its own). `%0A` and `%0D` are line breaks: between lines
-    # of wrapped base64 (written plainly or escaped, ending in `=` or not).
-    # Escaped source code and docs are full of `"%25"`, `%25zone` and
-    # ``%0a``, each of which would cost a whole percent view and its views.
-    contextual = {ord("%"), ord("\r"), ord("\n")} - values_bytes
-    alternatives = [_hex_alternatives("", relevant - contextual)]
-    if ord("%") in contextual:
-        alternatives.append("25(?=[0-9A-Fa-f])")
-    if contextual & {ord("\r"), ord("\n")}:
-        alternatives.append("(?<=[A-Za-z0-9+/=_-]%)0[aAdD](?=[A-Za-z0-9+/=_%-])")
-    # Led by the `%` itself: the regex engine then jumps from `%` to `%`.
-    percent = "%(?:" + "|".join(alternatives) + ")"
-    percent_trigger = re.compile(percent.encode())
+    percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
     return _AnyOf(patterns, short_literals), percent_trigger
 
 
