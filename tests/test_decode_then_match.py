@@ -306,9 +306,24 @@ def test_a_long_base64_run_glued_to_the_tail_of_an_escape(plain_value, carrier):
     else:
         glue = {"JSON, after \\n": "config:\n", "JSON, after \\t": "a:\t", "JSON, after \\u2190": "\u2190"}[carrier]
         body = json.dumps({"file": glue + b64}).encode()
-        read = lambda out: json.loads(out)["file"][len(glue) :].encode()  # noqa: E731
+        read = lambda out: json.loads(out)["file"][len(glue) :].encode()
     for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
         text = read(sealed)
         decoded = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
         assert plain_value not in decoded
         assert decoded == payload.replace(plain_value, REF)
+
+
+@pytest.mark.parametrize("glue", ["Hello%20", '{"f": "config:\\n', '{"f": "\\u2190', '{"f": "x\\\\'])
+def test_a_streamed_run_past_the_bound_glued_to_an_escape(plain_value, glue):
+    """Past STREAM_RUN_BOUND a streamed run is transcoded from one offset: after the
+    tail of the escape before it (`%20`, `\\n`, `\\u2190`), not through it; after an
+    escaped backslash (`x\\\\`) the run starts right there."""
+    payload = b"a" * 99 + plain_value + b"b" * (STREAM_RUN_BOUND + 1000) + plain_value + b"end"
+    text = glue.encode() + base64.b64encode(payload)
+    stream = Sealer({NAME: [plain_value]}).stream()
+    out = b"".join(stream.feed(text[i : i + 65536]) for i in range(0, len(text), 65536)) + stream.feed(b"", final=True)
+    assert out.startswith(glue.encode())
+    decoded = base64.b64decode(out[len(glue) :])
+    assert plain_value not in decoded and stream.counts[NAME] == 2
+    assert decoded.replace(REF + b"  ", REF).replace(REF + b" ", REF) == payload.replace(plain_value, REF)

@@ -500,6 +500,7 @@ class StreamSealer:
         if len(data) - start < STREAM_RUN_BOUND // 2:
             # Not one long run: no other form is anywhere near this long.
             return len(data) - STREAM_RUN_BOUND // 2
+        start += _escape_tail(data, start)  # `%20` or `\n` before it: the run starts after the escape
         head = self._sealer.seal(data[:start])
         self.counts.update(head.counts)
         out.append(head.data)
@@ -510,6 +511,23 @@ class StreamSealer:
 
 
 _RUN_BYTES = B64_ALPHABET + b"\r\n"
+_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _escape_tail(data: bytes, at: int) -> int:
+    """How many characters from AT belong to a `%XX` or JSON escape that starts just before it."""
+    if not at:
+        return 0
+    if data[at - 1] == 0x25:  # %
+        return 2 if len(data) >= at + 2 and all(c in _HEX_DIGITS for c in data[at : at + 2]) else 0
+    if data[at - 1] != 0x5C:  # \
+        return 0
+    slashes = len(data[max(0, at - 64) : at]) - len(data[max(0, at - 64) : at].rstrip(b"\\"))
+    if slashes % 2 == 0:
+        return 0  # an escaped backslash, then the run
+    if data[at : at + 1] == b"u" and len(data) >= at + 5 and all(c in _HEX_DIGITS for c in data[at + 1 : at + 5]):
+        return 5
+    return 1
 
 
 class _RunTranscoder:
