@@ -17,7 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyveil._views import Base64View, JsonView, PercentView, base64_runs, json_unescape
+from keyveil._views import (
+    Base64View,
+    JsonView,
+    PercentView,
+    base64_runs,
+    escape_tail,
+    is_escape,
+    json_unescape,
+)
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 
@@ -231,3 +239,23 @@ def test_a_word_after_a_line_break_of_another_kind_is_not_a_blocks_last_line():
     mixed = lines[0] + b"".join((b"\r\n" if i % 2 else b"\n") + line for i, line in enumerate(lines[1:]))
     (run,) = [r for r in base64_runs(mixed, 24) if not r.alternative]
     assert (run.start, run.end) == (0, len(mixed))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_escape_tail_is_what_the_standard_library_wrote_after_the_escape_character(seed):
+    """Each character escaped by urllib.parse.quote or json.dumps (ensure_ascii), then
+    base64: escape_tail at the first character after the `%` or `\\` is the rest of
+    that escape. After an escaped backslash (json.dumps of `\\`) no escape starts."""
+    rng = random.Random(seed)
+    chars = [" ", "\n", "\t", "\r", '"', "\u2190", "\u00e9", "\x7f", *(chr(rng.randrange(0x20, 0x3000)) for _ in range(40))]
+    for ch in chars:
+        for escaped in {quote(ch, safe=""), json.dumps(ch)[1:-1]}:
+            data = ("x" + escaped + "QUFBQUFB").encode()
+            last = 1 + max(escaped.rfind("%"), escaped.rfind("\\"))  # where the last escape's lead stands, +1
+            if escaped[:1] not in ("%", "\\"):
+                assert escape_tail(data, 1) == 0, escaped
+                continue
+            assert escape_tail(data, last + 1) == len(escaped) - last, escaped
+    assert is_escape(b"a\\n", 1) and not is_escape(b"a\\\\n", 2) and is_escape(b"a\\\\\\n", 3)
+    assert escape_tail(json.dumps("\\").encode()[1:-1] + b"QUFB", 2) == 0  # `\\\\` then the run
+    assert escape_tail(b"100%zzQUFB", 4) == 0 and escape_tail(b"QUFB", 0) == 0

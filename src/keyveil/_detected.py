@@ -30,7 +30,7 @@ import ahocorasick_rs
 
 from ._detect import Detector, detected_name
 from ._errors import VaultError
-from ._views import Base64View, json_unescape, runs_of, to_standard_alphabet
+from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_alphabet
 
 #: every detected value is named under this prefix; such a name is never bound
 DETECTED_PREFIX = "detected/"
@@ -168,9 +168,7 @@ def _token_escape(data: bytes) -> bool:
     text (source code, a regex, a Windows path), whose view would be the buffer with only its backslashes
     halved: a second whole scan that finds nothing new."""
     for m in _TOKEN_ESCAPE.finditer(data):
-        at = m.start()
-        slashes = len(data[max(0, at - 16) : at]) - len(data[max(0, at - 16) : at].rstrip(b"\\"))
-        if slashes % 2 == 0:
+        if is_escape(data, m.start()):
             return True
     return False
 

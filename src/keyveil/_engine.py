@@ -42,6 +42,7 @@ from ._views import (
     Run,
     a2b_base64,
     base64_runs,
+    escape_tail,
     json_unescape,
     json_windows,
     runs_of,
@@ -500,7 +501,7 @@ class StreamSealer:
         if len(data) - start < STREAM_RUN_BOUND // 2:
             # Not one long run: no other form is anywhere near this long.
             return len(data) - STREAM_RUN_BOUND // 2
-        start += _escape_tail(data, start)  # `%20` or `\n` before it: the run starts after the escape
+        start += escape_tail(data, start)  # `%20` or `\n` before it: the run starts after the escape
         head = self._sealer.seal(data[:start])
         self.counts.update(head.counts)
         out.append(head.data)
@@ -511,23 +512,6 @@ class StreamSealer:
 
 
 _RUN_BYTES = B64_ALPHABET + b"\r\n"
-_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
-
-
-def _escape_tail(data: bytes, at: int) -> int:
-    """How many characters from AT belong to a `%XX` or JSON escape that starts just before it."""
-    if not at:
-        return 0
-    if data[at - 1] == 0x25:  # %
-        return 2 if len(data) >= at + 2 and all(c in _HEX_DIGITS for c in data[at : at + 2]) else 0
-    if data[at - 1] != 0x5C:  # \
-        return 0
-    slashes = len(data[max(0, at - 64) : at]) - len(data[max(0, at - 64) : at].rstrip(b"\\"))
-    if slashes % 2 == 0:
-        return 0  # an escaped backslash, then the run
-    if data[at : at + 1] == b"u" and len(data) >= at + 5 and all(c in _HEX_DIGITS for c in data[at + 1 : at + 5]):
-        return 5
-    return 1
 
 
 class _RunTranscoder:
@@ -719,9 +703,6 @@ _TEXT_SAMPLE = 4096
 _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
 
 
-_ESCAPE_TAIL = {ord("%"): 2, ord("\\"): 1}  # escape → its characters in a run, modulo 4 (`\\uXXXX`: 5)
-
-
 def _offsets(data: bytes, run: Run) -> list[int]:
     """The character offsets a base64 run is decoded from.
 
@@ -735,8 +716,6 @@ def _offsets(data: bytes, run: Run) -> list[int]:
     if run.end - run.start <= SHORT_RUN or data[run.start : run.start + 1] == b"/":
         return [0, 1, 2, 3]  # short, or after a path (`/upload/…`): any offset
     offsets = [0]
-    # Glued to the tail of an escape the run scan takes for base64 characters:
-    # the hex digits of `%0A` or `%20`, the letter of `\n`, the `u2190` of `\u2190`.
     first = data.find(b"\n", run.start, run.end)
     if first != -1:
         second = data.find(b"\n", first + 1, run.end)
@@ -744,7 +723,9 @@ def _offsets(data: bytes, run: Run) -> list[int]:
         if second == -1 or head < second - first - 1 - (data[second - 1] == 0x0D):
             if head % 4:
                 offsets.append(head % 4)
-    glued = _ESCAPE_TAIL.get(data[run.start - 1]) if run.start else None
+    # Glued to the tail of an escape the run scan takes for base64 characters:
+    # the hex digits of `%0A` or `%20`, the letter of `\n`, the `u2190` of `\u2190`.
+    glued = escape_tail(data, run.start) % 4
     if glued and glued not in offsets:
         offsets.append(glued)
     return offsets

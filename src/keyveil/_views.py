@@ -34,6 +34,30 @@ _URL_TO_STD = bytes.maketrans(b"-_", b"+/")
 _HEX = b"0123456789abcdefABCDEF"
 
 
+def is_escape(data: bytes, at: int) -> bool:
+    """Whether the backslash at AT starts a JSON escape, not ends an escaped one
+    (`\\\\`): an even number of backslashes stands right before it (counted over 64 bytes)."""
+    before = data[max(0, at - 64) : at]
+    return (len(before) - len(before.rstrip(b"\\"))) % 2 == 0
+
+
+def escape_tail(data: bytes, at: int) -> int:
+    """How many characters from AT end a `%XX` or JSON escape that starts right
+    before AT, which a base64 run scan reads as base64: 2 after `%20`, 1 after
+    `\\n`, 5 after `\\u2190`; 0 when no escape starts there."""
+    if not at:
+        return 0
+    if data[at - 1] == 0x25:  # %
+        return 2 if _all_hex(data[at : at + 2], 2) else 0
+    if data[at - 1] != 0x5C or not is_escape(data, at - 1):
+        return 0
+    return 5 if data[at : at + 1] == b"u" and _all_hex(data[at + 1 : at + 5], 4) else 1
+
+
+def _all_hex(text: bytes, n: int) -> bool:
+    return len(text) == n and not text.strip(_HEX)
+
+
 def to_standard_alphabet(text: bytes) -> bytes:
     """TEXT with the URL-safe base64 characters written in the standard alphabet."""
     return text.translate(_URL_TO_STD)
