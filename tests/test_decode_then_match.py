@@ -297,7 +297,10 @@ def test_a_long_base64_run_glued_to_the_tail_of_an_escape(plain_value, carrier):
     the `u2190` of `\\u2190`) as base64 characters. Decoded from its first character
     the payload is shifted; keyveil also decodes it from after the escape's tail."""
     payload = _long_payload(plain_value)
-    b64 = base64.urlsafe_b64encode(payload).rstrip(b"=").decode() if carrier.startswith("percent") else base64.b64encode(payload).decode()
+    if carrier.startswith("percent"):  # URL-safe without padding in a URL, standard in JSON
+        b64, b64decode = base64.urlsafe_b64encode(payload).rstrip(b"=").decode(), base64.urlsafe_b64decode
+    else:
+        b64, b64decode = base64.b64encode(payload).decode(), base64.b64decode
     assert len(b64) > 512
     if carrier == "percent, after %20":
         body, read = quote("Hello " + b64).encode(), lambda out: unquote_to_bytes(out).split(b" ", 1)[1]
@@ -309,7 +312,7 @@ def test_a_long_base64_run_glued_to_the_tail_of_an_escape(plain_value, carrier):
         read = lambda out: json.loads(out)["file"][len(glue) :].encode()
     for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
         text = read(sealed)
-        decoded = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
+        decoded = b64decode(text + b"=" * (-len(text) % 4))
         assert plain_value not in decoded
         assert decoded == payload.replace(plain_value, REF)
 

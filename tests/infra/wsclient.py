@@ -58,10 +58,6 @@ class Connection:
     def __init__(self, ws: websockets.asyncio.client.ClientConnection) -> None:
         self._ws = ws
 
-    @property
-    def response(self):
-        return self._ws.response
-
     def send(self, message: str | bytes) -> None:
         _run(asyncio.wait_for(self._ws.send(message), _SEND_TIMEOUT), _SEND_TIMEOUT)
 
