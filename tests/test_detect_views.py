@@ -133,6 +133,10 @@ def test_a_detection_touching_a_registered_value_is_not_remembered_and_never_hid
         (base64.b64encode(registered), b"API_KEY=" + base64.b64encode(registered)),  # holds it encoded
         (registered + b"Zq9", b"TOKEN=" + registered + b"Zq9"),  # holds it with more
         (registered[10:] + b"Zq9", b"k " + registered + b"Zq9"),  # starts inside it
+        # Read from one line of a wrapped base64 block (leak corpus, soak seed 1953768134,
+        # case 6511): a view that holds only part of the registered value.
+        (b"user:" + registered[:20], b"TOKEN=https://x:user:" + registered[:20]),  # ends with its first 20 bytes
+        (registered[-9:] + b"_more_text", b"KEY=" + registered[-9:] + b"_more_text"),  # begins with its last 9
     ):
         assert engine.overlaps_registered(value, around), around
     other = samples("npm-token")[0][1].encode()

@@ -38,3 +38,56 @@ def test_a_registered_value_wins_over_an_overlapping_detected_one():
     sealed = sealer.seal(b"x " + value + detected[10:] + b" y").data
     assert value not in sealed
     assert sealed.startswith(b"x {{secret:reg/key}}")
+
+
+def test_a_detected_value_starting_before_a_registered_one_does_not_hide_it():
+    """Found by the soak leak corpus (seed 1953768134, case 6631): the proxy had learned
+    `user:` and the first half of a registered token (read from one line of a wrapped
+    base64 block). Starting earlier, the literal scan took it and skipped the registered
+    value it overlaps, in every layer: base64 of base64 of `user:V` toward an unbound host
+    was then found holding a detected value only, and forwarded."""
+    value = b"ghp_" + secrets.token_urlsafe(27).encode()[:36]
+    detected = b"user:" + value[:23]
+    sealer = Sealer({"github/pat": [value], "detected/assignment-abc": [detected]})
+    inner = base64.b64encode(b"\x10E" + b"user:" + value + b"|end")
+    carriers = (
+        b"x user:" + value + b" y",
+        json.dumps({"t": "user:" + value.decode()}, ensure_ascii=True).encode().replace(b"u", b"\\u0075"),
+        base64.urlsafe_b64encode(b"data:;base64," + inner),
+    )
+    for carrier in carriers:
+        assert sealer.find_names(carrier) == {"github/pat": 1}, carrier
+        sealed = sealer.seal(carrier).data
+        assert value[:23] not in sealed and value[23:] not in _decoded(sealed), carrier
+
+
+def test_a_run_read_at_two_offsets_gives_the_registered_value_the_way():
+    """A short base64 run is decoded from each of its first four characters: when one
+    reading holds only a detected value and a later one a registered value, the
+    registered value is the one sealed (and found)."""
+    value = b"reg_" + secrets.token_urlsafe(24).encode()
+    detected = b"det_" + secrets.token_urlsafe(24).encode()
+    first = base64.b64encode(b"a: " + detected + b" ok!").rstrip(b"=")
+    assert len(first) % 4  # the second payload is read from another offset than the first
+    run = first + base64.b64encode(b"b: " + value + b" end")
+    sealer = Sealer({"reg/key": [value], "detected/token-abc": [detected]})
+    assert sealer.find_names(b"blob " + run + b" x")["reg/key"] == 1
+    sealed = sealer.seal(b"blob " + run + b" x").data
+    assert not Sealer({"reg/key": [value]}).find_names(sealed)
+
+
+def _decoded(data: bytes) -> bytes:
+    """DATA and what its layers decode to, joined (JSON, base64 twice), for a look at what is left."""
+    out = [data]
+    try:
+        out.append(json.loads(data).get("t", "").encode())
+    except (ValueError, AttributeError):
+        pass
+    try:
+        outer = base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
+        out.append(outer)
+        run = outer.partition(b"base64,")[2]
+        out.append(base64.b64decode(run + b"=" * (-len(run) % 4)))
+    except ValueError:
+        pass
+    return b"\n".join(out)

@@ -109,7 +109,7 @@ class Sealer:
         self._names = [owner[v] for v in self._values]
         self._references = [format_reference(n).encode("ascii") for n in self._names]
         self.names = frozenset(values)
-        self._raw = Matcher(self._values)
+        self._raw = Matcher(self._values, weak=[i for i, n in enumerate(self._names) if n.startswith(DETECTED_PREFIX)])
         shortest = min(map(len, self._values), default=0)
         # No encoding of SPEC §3 is shorter than what it encodes: a buffer shorter
         # than every value holds none, in any form (host names, methods, most headers).
@@ -328,7 +328,12 @@ class Sealer:
         return out
 
     def _run_edits(self, data: bytes, run: Run, depth: int) -> tuple[list[Edit], int]:
-        """The edit that seals a base64 run (none or one), and the character offset it was decoded from."""
+        """The edit that seals a base64 run (none or one), and the character offset it was decoded from.
+
+        The first offset whose decoding holds a value is taken, unless all it holds
+        is detected values: a registered value read at a later offset wins (SPEC §3a:
+        detection never gets in a registered value's way)."""
+        first: tuple[list[Edit], int] | None = None
         for align in _offsets(data, run):
             view = Base64View(data, run, align)
             if not view.data:
@@ -337,8 +342,11 @@ class Sealer:
             if sub:
                 edit = view.reencode(_apply(view.data, sub), min(e.start for e in sub))
                 names = tuple(n for e in sub for n in e.names)
-                return [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")], align
-        return [], 0
+                found = [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")], align
+                if not all(_is_detected(e) for e in sub):
+                    return found
+                first = first or found
+        return first or ([], 0)
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""

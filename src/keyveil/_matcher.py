@@ -8,7 +8,7 @@ never logs or returns pattern bytes: only indexes and offsets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import ahocorasick_rs
 
@@ -23,7 +23,8 @@ _RARITY = bytes(
 
 
 class Matcher:
-    """Leftmost-longest, non-overlapping matches of PATTERNS (each at least 4 bytes).
+    """Leftmost-longest, non-overlapping matches of PATTERNS (each at least 4 bytes);
+    a weak pattern's match gives way to a strong one it overlaps.
 
     A DFA over one short anchor per pattern finds candidates; a comparison
     confirms them. Each pattern is anchored at the bytes starting at its
@@ -34,8 +35,11 @@ class Matcher:
     slowly (NFA) at that size.
     """
 
-    def __init__(self, patterns: Sequence[bytes]) -> None:
+    def __init__(self, patterns: Sequence[bytes], weak: Collection[int] = ()) -> None:
+        """WEAK: indexes of patterns that give way to the others: a weak match
+        never hides a strong one it overlaps (the sealer's detected values)."""
         self.patterns = list(patterns)
+        self._weak = frozenset(weak)
         self.anchor = min(8, min(map(len, patterns), default=8))
         anchors: dict[bytes, int] = {}
         self._by_anchor: list[list[tuple[bytes, int, int]]] = []
@@ -101,11 +105,21 @@ class Matcher:
                 if start >= 0 and data.startswith(pattern, start):
                     confirmed.append((start, -len(pattern), index))
         confirmed.sort()
-        found = []
-        pos = 0
-        for start, negative_length, index in confirmed:
-            if start >= pos:
-                pos = start - negative_length
-                found.append((index, start, pos))
-        return found
+        if self._weak and any(index in self._weak for _, _, index in confirmed):
+            strong = _leftmost_longest([c for c in confirmed if c[2] not in self._weak])
+            taken = [(start, end) for _, start, end in strong]
+            weak = [c for c in confirmed if c[2] in self._weak and not any(s < c[0] - c[1] and c[0] < e for s, e in taken)]
+            return sorted(strong + _leftmost_longest(weak), key=lambda f: f[1])
+        return _leftmost_longest(confirmed)
+
+
+def _leftmost_longest(confirmed: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(index, start, end) of the leftmost-longest, non-overlapping of CONFIRMED, sorted (start, -length, index)."""
+    found = []
+    pos = 0
+    for start, negative_length, index in confirmed:
+        if start >= pos:
+            pos = start - negative_length
+            found.append((index, start, pos))
+    return found
 

@@ -49,6 +49,8 @@ STATUS = {
 }
 
 _AUTH_HEADERS = {b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"}
+#: A detected value beginning or ending with this many bytes of a registered value is that value's business.
+_EDGE_PIECE = 8
 _AUTHISH = re.compile(rb"token|key|secret|auth|passw|credential", re.IGNORECASE)
 
 # Vendor-written opaque fields (SPEC §6), found by name in the raw body; only
@@ -369,10 +371,20 @@ class Engine:
         return self._registered_sealer
 
     def covered(self, value: bytes, snapshot: VaultSnapshot | None = None) -> bool:
-        """True when VALUE holds a registered value in some form, is one, or is a piece
-        of one (detection skips it: the registered value's own seal covers it)."""
+        """True when VALUE holds a registered value in some form, is one, is a piece
+        of one, or begins or ends with a piece of one (`user:` and the first half
+        of a value, read from one line of a wrapped base64 block): detection skips
+        it, the registered value's own seal covers it."""
         sealer = self._registered(snapshot)
-        return value in self._registered_blob or bool(sealer.find_names(value))
+        blob = self._registered_blob
+        if value in blob or sealer.find_names(value):
+            return True
+        # A piece at an edge: a suffix of VALUE that starts a value, or a prefix that ends one.
+        ends = b"\0" + blob + b"\0"
+        widest = min(len(value) - 1, sealer.longest)
+        return any(
+            b"\0" + value[-n:] in ends or value[:n] + b"\0" in ends for n in range(_EDGE_PIECE, widest + 1)
+        )
 
     @property
     def detection_margin(self) -> int:
