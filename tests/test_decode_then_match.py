@@ -330,3 +330,48 @@ def test_a_streamed_run_past_the_bound_glued_to_an_escape(plain_value, glue):
     decoded = base64.b64decode(out[len(glue) :])
     assert plain_value not in decoded and stream.counts[NAME] == 2
     assert decoded.replace(REF + b"  ", REF).replace(REF + b" ", REF) == payload.replace(plain_value, REF)
+
+
+# --- line breaks written half escaped ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plain", ["\n", "\r"])
+def test_a_wrapped_block_whose_line_breaks_are_half_escaped(plain_value, plain):
+    """`quote(block, safe="\\n")` of a CRLF-wrapped base64 block writes each break as
+    `%0D` and a plain LF (`safe="\\r"`: a plain CR and `%0A`). The two halves are one
+    break, escaped: the block is one run, not lines cut apart at each plain half.
+    (It leaked: each line alone is too short to hold the value.)"""
+    payload = b"x" * 40 + b"user:" + plain_value + b"y" * 90
+    block = base64.encodebytes(payload).replace(b"\n", b"\r\n")
+    escaped = quote(block, safe=plain + "/+=").encode()
+    assert (b"%0D\n" if plain == "\n" else b"\r%0A") in escaped
+    body = b"see the note.\nfile=" + escaped + b"&next=1 a%2Fb"
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+        head, _, tail = sealed.partition(b"file=")
+        assert head == b"see the note.\n"
+        run, _, rest = tail.partition(b"&")
+        assert rest == b"next=1 a%2Fb"
+        decoded = base64.b64decode(unquote_to_bytes(run))
+        assert decoded == payload.replace(plain_value, REF)
+
+
+def test_base64_with_plus_glued_to_a_json_escape_in_a_form_body(plain_value):
+    """A JSON document sent as a form body (`curl -d`), its base64 glued to a `\\n`
+    escape and holding `+`: read with `+` as a space the run is cut, read with `+` as
+    base64 it is whole and padded, and both readings start after the `n` of `\\n`. The
+    whole one is sealed: the `+` and the bits around it decode as they were. (Without
+    padding nothing tells the `+` from a space: the form's reading stands.)"""
+    rng = random.Random(3)
+    while True:  # padded, a `+` in the last groups, the value's last bits beside it
+        payload = rng.randbytes(2) + b"Bearer " + plain_value + rng.randbytes(rng.randrange(1, 5))
+        b64 = base64.b64encode(payload).decode()
+        if b64.endswith("=") and "+" in b64[-8:] and "+" not in b64[:-8]:
+            break
+    # the content of a JSON string, as a form body: no quotes around it
+    body = json.dumps("-----BEGIN PRIVATE KEY-----\n" + b64 + "\n\n-----END PRIVATE KEY-----\n").encode()[1:-1]
+    sealed = Sealer({NAME: [plain_value]}).seal(body, plus=True).data
+    text = json.loads(b'"' + sealed + b'"')
+    head, _, tail = text.partition("\n")
+    assert head == "-----BEGIN PRIVATE KEY-----" and tail.endswith("\n\n-----END PRIVATE KEY-----\n")
+    decoded = base64.b64decode(tail.partition("\n")[0])
+    assert decoded == payload.replace(plain_value, REF)

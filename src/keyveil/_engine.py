@@ -61,6 +61,9 @@ _MAX_ROUNDS = 8
 _WHOLE_VIEW = 16384  # a JSON buffer up to this size is mapped back whole; a longer one in windows
 _PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")
 _PERCENT_BREAK = re.compile(rb"%0[aAdD]")
+# One line break written half escaped (`%0D` then a plain LF, a plain CR then `%0A`):
+# a client that escapes "the rest" leaves one of the two as it is.
+_HALF_BREAK = re.compile(rb"%0[dD]\n|\r%0[aA]")
 _PERCENT_PLUS = re.compile(rb"%2[bB]")  # seal, then look again: a base64 run may hide a second value
 # Bytes that take part in the encodings themselves: base64, escapes, line breaks.
 _SYNTAX = frozenset(B64_ALPHABET + b"=\\%+/\r\n")
@@ -215,10 +218,13 @@ class Sealer:
                     if not all(e.glued for e in overlap) and not (run.padding and all(e.end < run.end for e in overlap)):
                         continue
                 run_edits, align = self._run_edits(data, run, depth)
+                if align and align == escape_tail(data, run.start) % 4:
+                    align = 0  # read from after the tail of an escape (`\n` in JSON): from its own first character
                 if run.alternative and overlap:
                     if not run_edits or align:
                         continue
                     found = [e for e in found if e not in overlap]
+                    edits = [e for e in edits if e not in overlap]
                 elif run.alternative and not run_edits and plus and not escape_plus:
                     continue
                 # A `+` in a run decoded after a prefix, or among URL-safe characters
@@ -295,13 +301,13 @@ class Sealer:
         layout = None
         breaks = (b"\n" in data or b"\r" in data) and _PERCENT_BREAK.search(data) is not None
         if breaks:
-            cut = data.translate(_PLAIN_BREAKS)
+            cut = _plain_breaks_cut(data)
             layout = unquote_to_bytes(cut.replace(b"+", b" ") if plus else cut)
         # Which `+` of DECODED were written plainly (a space, read with `+` for
         # space) and which as `%2B`: worked out only when a run asks.
         spaced = None
         if not plus and b"+" in data and _PERCENT_PLUS.search(data) is not None:
-            source = data.translate(_PLAIN_BREAKS) if breaks else data
+            source = cut if breaks else data
             spaced = lambda: unquote_to_bytes(source.replace(b"+", b" "))  # noqa: E731
         sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout)
         if not sub:
@@ -709,6 +715,22 @@ _TEXT_SAMPLE = 4096
 
 
 _TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\n\r" + bytes(range(0x80, 0x100))
+
+
+def _plain_breaks_cut(data: bytes) -> bytes:
+    """DATA with each line break written plainly as NUL, where other breaks are
+    escaped: a block whose breaks were escaped ends at a plain one. A break half
+    escaped (`%0D` and a plain LF) is one break, escaped: it is kept."""
+    cut = data.translate(_PLAIN_BREAKS)
+    halves = _HALF_BREAK.finditer(data)
+    first = next(halves, None)
+    if first is None:
+        return cut
+    kept = bytearray(cut)
+    for m in (first, *halves):
+        plain = m.start() if data[m.start()] == 0x0D else m.end() - 1
+        kept[plain] = data[plain]
+    return bytes(kept)
 
 
 def _offsets(data: bytes, run: Run) -> list[int]:
