@@ -27,6 +27,13 @@ What it produces, for a value V (SPEC §3):
   line break; the payload holds V at a random offset (0–5 random bytes, then
   text such as ``user:`` before it), inside Basic credentials, a PEM block, a
   ``data:`` URL;
+- ``pct`` of data holding line breaks (a wrapped base64 block) sometimes
+  leaves them plain, all of them or only the CRs or only the LFs
+  (``%0D`` then a plain LF);
+- a ``b64`` layer's payload sometimes holds 400-1,600 bytes of text lines
+  around V (a file): its run is far longer than a value alone makes, and an
+  escape of the layer above (``Basic%20``, ``-----\n`` in JSON, ``%0A``)
+  is glued to a long run;
 - any chain of up to two layers in either order, each layer wrapping the
   previous one's slot (a JSON document, a form field, a ``.git-credentials``
   line, a PEM block ...) before encoding it: base64 in a JSON string with
@@ -45,6 +52,8 @@ What it does NOT produce (so a green run says nothing about these):
   HTML/XML entities, C/Python escapes other than JSON's (``\\x41``), UTF-16 or
   other non-UTF-8 text, IDNA/punycode, URL-encoded forms with ``%u`` escapes,
   JSON5/YAML/TOML quoting, shell quoting, MIME encoded-words (``=?utf-8?b?``);
+- a line break escaped at some places and left plain at others within one
+  ``pct`` layer (each of CR and LF is either always escaped or never);
 - JSON escapes of characters a JSON encoder cannot produce from V (invalid
   UTF-8, lone surrogates), overlong or invalid percent escapes, base64 with
   whitespace other than line breaks inside a run, or with non-zero pad bits;
@@ -283,10 +292,18 @@ def percent_encode(data: bytes, rng: Random, slot: str) -> tuple[str, str, tuple
     """DATA percent-encoded for SLOT: quote/quote_plus with a random safe set, extra escapes, hex case."""
     allowed = PCT_SAFE[slot]
     safe = "".join(c for c in allowed if rng.random() < 0.5)
+    side = _side(rng)
+    if (b"\n" in data or b"\r" in data) and side.random() < 0.3:
+        # Line breaks left as they are, all or one of CR and LF (`%0D` then a plain LF):
+        # what a client that escapes "the rest" writes, e.g. a wrapped base64 block in a text.
+        safe += side.choice(("\n", "\r", "\r\n"))
     plus = slot in PLUS_SLOTS
     enc = quote_plus(data, safe=safe) if plus and rng.random() < 0.8 else quote(data, safe=safe)
     p_extra = rng.choice((0.0, 0.0, 0.1, 0.5, 1.0))  # escape characters quote left alone
     mode = rng.choice(("upper", "lower", "per-escape", "per-digit"))
+    # A line break left plain is left plain everywhere (or escaped everywhere): an
+    # encoder decides per character, and one block's breaks are all alike.
+    breaks = {c: side.random() < p_extra for c in "\r\n"}
     out = []
     i = n_extra = 0
     while i < len(enc):
@@ -295,7 +312,7 @@ def percent_encode(data: bytes, rng: Random, slot: str) -> tuple[str, str, tuple
             out.append("%" + _hex_case(enc[i + 1 : i + 3], rng, mode))
             i += 3
             continue
-        if rng.random() < p_extra:
+        if breaks[c] if c in breaks and c in safe else rng.random() < p_extra:
             byte = 0x20 if (c == "+" and plus) else ord(c)  # a '+' from quote_plus is a space
             out.append("%" + _hex_case(f"{byte:02x}", rng, mode))
             n_extra += 1
@@ -305,7 +322,8 @@ def percent_encode(data: bytes, rng: Random, slot: str) -> tuple[str, str, tuple
     encoded = "".join(out)
     decoded = unquote_to_bytes(encoded.replace("+", " ") if plus else encoded)
     assert decoded == data, "pct layer does not decode to its input (generator bug)"
-    notes = [mode] + ([f"extra{n_extra}"] if n_extra else []) + ([f"safe={safe}"] if safe else [])
+    shown = safe.replace("\r", "\\r").replace("\n", "\\n")  # a report line stays one line
+    notes = [mode] + ([f"extra{n_extra}"] if n_extra else []) + ([f"safe={shown}"] if safe else [])
     return encoded, safe, tuple(notes)
 
 
@@ -336,6 +354,27 @@ def base64_encode(data: bytes, urlsafe: bool, padded: bool, width: int, eol: byt
 
 def _words(rng: Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randrange(1, 4)))
+
+
+def _side(rng: Random) -> Random:
+    """A second stream of choices, seeded from RNG's state without drawing from it: the
+    choices added later (plain line breaks, long payloads) leave every earlier choice,
+    and so every case of a seed, as it was."""
+    state = rng.getstate()
+    if not isinstance(state, tuple):  # hypothesis's random: no fixed corpus to keep, a draw will do
+        return Random(rng.getrandbits(64))
+    words = state[1]
+    return Random(f"side-{words[0]}-{words[1]}-{words[-1]}")
+
+
+def _long_text(rng: Random, size: int) -> bytes:
+    """About SIZE bytes of lines of words (a file's worth of text around a value)."""
+    lines, n = [], 0
+    while n < size:
+        line = _words(rng) + " " + _words(rng)
+        lines.append(line)
+        n += len(line) + 1
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _text_slot(rng: Random) -> tuple[bytes, bytes]:
@@ -386,6 +425,16 @@ def make_form(
                 post = post + rng.randbytes(rng.randrange(0, 5))
         else:
             pre, post = slot_for(below, rng)
+        side = _side(rng)
+        long = kind == "b64" and side.random() < 0.15
+        if long:
+            # A long payload (a file, a document): the run is longer than any a value alone
+            # makes, so a carrier's escape glued to it (`Basic%20`, `-----\n` in JSON) meets
+            # a long run; the value sits near its start, its middle or its end.
+            lines = _long_text(side, side.randrange(400, 1600)).splitlines(keepends=True)
+            cut = side.randrange(len(lines) + 1)  # whole lines: the slot's text meets a line break
+            pre = b"".join(lines[:cut]) + pre
+            post = post + (b"\n" + b"".join(lines[cut:]) if cut < len(lines) else b"")
         payload = pre + inner + post
         if kind == "json":
             enc, ensure_ascii, notes = json_escape(payload.decode("utf-8"), rng)
@@ -432,7 +481,7 @@ def make_form(
             flat_len = len(enc.replace(b"\r", b"").replace(b"\n", b""))
             pad_shown = b"=" in enc if style["padded"] else flat_len % 4 != 0
             layer = Layer("b64", pre, post, lines=n_lines, marked=marked, pad_shown=pad_shown,
-                          notes=("mime",) if mime else (), **style)
+                          notes=(("mime",) if mime else ()) + (("long",) if long else ()), **style)
             inner = enc
         else:
             raise ValueError(f"unknown layer kind {kind!r}")

@@ -244,7 +244,9 @@ def decode_layer(layer: Layer, data: bytes) -> bytes:
         except (UnicodeError, ValueError) as e:
             raise NotInFormat(f"no longer the content of a JSON string ({type(e).__name__})") from None
     if layer.kind == "pct":
-        allowed = _UNRESERVED | frozenset(_RAW_OK[layer.slot]) | {ord("%")} | ({ord("+")} if layer.plus else set())
+        # The slot's own characters, and the line breaks this layer left plain.
+        breaks = {ord(c) for c in layer.safe if c in "\r\n"}
+        allowed = _UNRESERVED | frozenset(_RAW_OK[layer.slot]) | {ord("%")} | ({ord("+")} if layer.plus else set()) | breaks
         # SPEC §2: a reference in a URL is recognised raw or percent-encoded. Where V
         # needed no escape, how many percent layers surround it cannot be told from
         # the bytes, so a reference written one layer less encoded is accepted.
