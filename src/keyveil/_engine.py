@@ -218,7 +218,7 @@ class Sealer:
                     if not all(e.glued for e in overlap) and not (run.padding and all(e.end < run.end for e in overlap)):
                         continue
                 run_edits, align = self._run_edits(data, run, depth)
-                if align and align == escape_tail(data, run.start) % 4:
+                if align == _after_escape(data, run):
                     align = 0  # read from after the tail of an escape (`\n` in JSON): from its own first character
                 if run.alternative and overlap:
                     if not run_edits or align:
@@ -722,12 +722,11 @@ def _plain_breaks_cut(data: bytes) -> bytes:
     escaped: a block whose breaks were escaped ends at a plain one. A break half
     escaped (`%0D` and a plain LF) is one break, escaped: it is kept."""
     cut = data.translate(_PLAIN_BREAKS)
-    halves = _HALF_BREAK.finditer(data)
-    first = next(halves, None)
-    if first is None:
+    halves = list(_HALF_BREAK.finditer(data))
+    if not halves:
         return cut
     kept = bytearray(cut)
-    for m in (first, *halves):
+    for m in halves:
         plain = m.start() if data[m.start()] == 0x0D else m.end() - 1
         kept[plain] = data[plain]
     return bytes(kept)
@@ -755,10 +754,15 @@ def _offsets(data: bytes, run: Run) -> list[int]:
                 offsets.append(head % 4)
     # Glued to the tail of an escape the run scan takes for base64 characters:
     # the hex digits of `%0A` or `%20`, the letter of `\n`, the `u2190` of `\u2190`.
-    glued = escape_tail(data, run.start) % 4
+    glued = _after_escape(data, run)
     if glued and glued not in offsets:
         offsets.append(glued)
     return offsets
+
+
+def _after_escape(data: bytes, run: Run) -> int:
+    """The offset of RUN that starts after the tail of an escape glued to it (0: none)."""
+    return escape_tail(data, run.start) % 4
 
 
 def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:

@@ -108,13 +108,18 @@ class Matcher:
         if self._weak and any(index in self._weak for _, _, index in confirmed):
             strong = _leftmost_longest([c for c in confirmed if c[2] not in self._weak])
             taken = [(start, end) for _, start, end in strong]
-            weak = [c for c in confirmed if c[2] in self._weak and not any(s < c[0] - c[1] and c[0] < e for s, e in taken)]
+            weak = [
+                (start, negative_length, index)
+                for start, negative_length, index in confirmed
+                if index in self._weak and not any(s < start - negative_length and start < e for s, e in taken)
+            ]
             return sorted(strong + _leftmost_longest(weak), key=lambda f: f[1])
         return _leftmost_longest(confirmed)
 
 
 def _leftmost_longest(confirmed: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """(index, start, end) of the leftmost-longest, non-overlapping of CONFIRMED, sorted (start, -length, index)."""
+    """(index, start, end) of the leftmost-longest matches of CONFIRMED that do not
+    overlap; CONFIRMED holds (start, -length, index), sorted."""
     found = []
     pos = 0
     for start, negative_length, index in confirmed:

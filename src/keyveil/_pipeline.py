@@ -366,8 +366,9 @@ class Engine:
                 if not is_detected(n):
                     every.setdefault(n, []).extend(previous)
             self._registered_sealer = Sealer(every)
-            # every registered value, to tell a piece of one (NUL: no value holds it)
-            self._registered_blob = b"\0".join(v for vs in every.values() for v in vs)
+            # every registered value, each between NULs (no value holds one), to tell a
+            # piece of one, or a piece at its start or end
+            self._registered_blob = b"\0" + b"\0".join(v for vs in every.values() for v in vs) + b"\0"
         return self._registered_sealer
 
     def covered(self, value: bytes, snapshot: VaultSnapshot | None = None) -> bool:
@@ -380,11 +381,8 @@ class Engine:
         if value in blob or sealer.find_names(value):
             return True
         # A piece at an edge: a suffix of VALUE that starts a value, or a prefix that ends one.
-        ends = b"\0" + blob + b"\0"
         widest = min(len(value) - 1, sealer.longest)
-        return any(
-            b"\0" + value[-n:] in ends or value[:n] + b"\0" in ends for n in range(_EDGE_PIECE, widest + 1)
-        )
+        return any(b"\0" + value[-n:] in blob or value[:n] + b"\0" in blob for n in range(_EDGE_PIECE, widest + 1))
 
     @property
     def detection_margin(self) -> int:
