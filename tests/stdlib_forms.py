@@ -54,6 +54,8 @@ What it does NOT produce (so a green run says nothing about these):
   JSON5/YAML/TOML quoting, shell quoting, MIME encoded-words (``=?utf-8?b?``);
 - a line break escaped at some places and left plain at others within one
   ``pct`` layer (each of CR and LF is either always escaped or never);
+- text glued to a long payload's run inside one layer (``fix<run>build``): the
+  lines of text around V meet the slot at line breaks only;
 - JSON escapes of characters a JSON encoder cannot produce from V (invalid
   UTF-8, lone surrogates), overlong or invalid percent escapes, base64 with
   whitespace other than line breaks inside a run, or with non-zero pad bits;
@@ -312,7 +314,7 @@ def percent_encode(data: bytes, rng: Random, slot: str) -> tuple[str, str, tuple
             out.append("%" + _hex_case(enc[i + 1 : i + 3], rng, mode))
             i += 3
             continue
-        if breaks[c] if c in breaks and c in safe else rng.random() < p_extra:
+        if breaks[c] if c in breaks else rng.random() < p_extra:  # a plain break: one quote left, in SAFE
             byte = 0x20 if (c == "+" and plus) else ord(c)  # a '+' from quote_plus is a space
             out.append("%" + _hex_case(f"{byte:02x}", rng, mode))
             n_extra += 1
@@ -357,9 +359,10 @@ def _words(rng: Random) -> str:
 
 
 def _side(rng: Random) -> Random:
-    """A second stream of choices, seeded from RNG's state without drawing from it: the
-    choices added later (plain line breaks, long payloads) leave every earlier choice,
-    and so every case of a seed, as it was."""
+    """A second stream of choices, seeded from RNG's state without drawing from it (its
+    position, the last word of the state, and the words at its start): the choices
+    added later (plain line breaks, long payloads) leave every earlier choice, and so
+    every case of a seed, as it was."""
     state = rng.getstate()
     if not isinstance(state, tuple):  # hypothesis's random: no fixed corpus to keep, a draw will do
         return Random(rng.getrandbits(64))
@@ -425,8 +428,8 @@ def make_form(
                 post = post + rng.randbytes(rng.randrange(0, 5))
         else:
             pre, post = slot_for(below, rng)
-        side = _side(rng)
-        long = kind == "b64" and side.random() < 0.15
+        side = _side(rng) if kind == "b64" else None
+        long = side is not None and side.random() < 0.15
         if long:
             # A long payload (a file, a document): the run is longer than any a value alone
             # makes, so a carrier's escape glued to it (`Basic%20`, `-----\n` in JSON) meets

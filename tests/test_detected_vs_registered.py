@@ -13,6 +13,7 @@ import json
 import secrets
 
 from keyveil._engine import Sealer
+from tests.stdlib_oracle import Oracle
 
 
 def test_a_detected_first_line_of_a_registered_values_run_is_left_to_the_run():
@@ -58,7 +59,8 @@ def test_a_detected_value_starting_before_a_registered_one_does_not_hide_it():
     for carrier in carriers:
         assert sealer.find_names(carrier) == {"github/pat": 1}, carrier
         sealed = sealer.seal(carrier).data
-        assert value[:23] not in sealed and value[23:] not in _decoded(sealed), carrier
+        decoded = b"\n".join(view for _, view in Oracle({"github/pat": value}).views(sealed))
+        assert value[:23] not in sealed and value[23:] not in decoded, carrier
 
 
 def test_a_run_read_at_two_offsets_gives_the_registered_value_the_way():
@@ -73,21 +75,5 @@ def test_a_run_read_at_two_offsets_gives_the_registered_value_the_way():
     sealer = Sealer({"reg/key": [value], "detected/token-abc": [detected]})
     assert sealer.find_names(b"blob " + run + b" x")["reg/key"] == 1
     sealed = sealer.seal(b"blob " + run + b" x").data
-    assert not Sealer({"reg/key": [value]}).find_names(sealed)
+    assert Oracle({"reg/key": value}).find(sealed) == []
 
-
-def _decoded(data: bytes) -> bytes:
-    """DATA and what its layers decode to, joined (JSON, base64 twice), for a look at what is left."""
-    out = [data]
-    try:
-        out.append(json.loads(data).get("t", "").encode())
-    except (ValueError, AttributeError):
-        pass
-    try:
-        outer = base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
-        out.append(outer)
-        run = outer.partition(b"base64,")[2]
-        out.append(base64.b64decode(run + b"=" * (-len(run) % 4)))
-    except ValueError:
-        pass
-    return b"\n".join(out)
