@@ -193,6 +193,9 @@ class Sealer:
             if text and self._plus and b"+" in data:
                 edits += self._in_percent(data, depth, plus=True)
                 views += b"%+"
+        # Only the view that reads `+` as a space decodes the percent escapes:
+        # a run holding `+` is cut there, so it is looked at as it stands here.
+        spaced_only = not plus and not percent and views.endswith(b"%+")
         if self._min_run and len(data) >= self._min_run:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
             # view that decodes the escape: it is looked at there, not here.
@@ -205,7 +208,10 @@ class Sealer:
                 # (and written back as the client wrote them).
                 runs += [(Run(r.start, r.end, r.padding, True), False) for r in runs_of(lines, self._min_run)]
             for run, escape_plus in runs:
-                if views and _touches(data, run.start, run.end + run.padding, views):
+                whole_in = views
+                if spaced_only and b"+" in data[run.start : run.end]:
+                    whole_in = views.removesuffix(b"%+")
+                if whole_in and _touches(data, run.start, run.end + run.padding, whole_in):
                     continue
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
                 if run.alternative and overlap:
