@@ -87,8 +87,8 @@ def fmt_mib(n: float) -> str:
 _ALNUM = string.ascii_letters + string.digits
 # One each of '/', '"' and '+': the JSON, percent and base64 forms then all differ
 # from the raw form, and every value has the same number of forms (11). A fixed
-# count keeps runs comparable: the automaton ahocorasick_rs picks, and its speed,
-# change at about 100 patterns (see the engine notes in RESULTS.md).
+# count keeps runs comparable: the literal matcher Hyperscan picks, and its speed,
+# change with the number of patterns (see the engine notes in RESULTS.md).
 _SPECIAL = '/"+'
 
 
@@ -143,6 +143,7 @@ def machine() -> dict[str, str]:
         "python": platform.python_version(),
         "mitmproxy": version("mitmproxy"),
         "ahocorasick_rs": version("ahocorasick_rs"),
+        "hyperscan": version("hyperscan"),
         "httpx": version("httpx"),
         "kernel": platform.release(),
         "commit": commit,

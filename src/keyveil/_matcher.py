@@ -8,31 +8,21 @@ never logs or returns pattern bytes: only indexes and offsets.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Sequence
 
-import ahocorasick_rs
-
-_ANCHOR_SEARCH = 16  # an anchor starts within the first bytes of its pattern
-_TEDDY_MAX = 64  # literals the SIMD prefilter takes at once
-_GROUPED_MAX = 512  # up to this many anchors, scan in groups the prefilter takes
-# How common a byte is at the start of a window of ordinary text: 0 rare … 4 common.
-_RARITY = bytes(
-    4 if b in b" \n" else 3 if 97 <= b <= 122 else 2 if 65 <= b <= 90 else 1 if 48 <= b <= 57 else 0
-    for b in range(256)
-)
+import hyperscan
 
 
 class Matcher:
     """Leftmost-longest, non-overlapping matches of PATTERNS (each at least 4 bytes);
     a weak pattern's match gives way to a strong one it overlaps.
 
-    A DFA over one short anchor per pattern finds candidates; a comparison
-    confirms them. Each pattern is anchored at the bytes starting at its
-    rarest byte near the front (a symbol, digit or capital rather than a
-    lower-case letter or a space), so on ordinary text the DFA rarely leaves
-    its start state and scans at about the same speed for ten patterns or ten
-    thousand. A full-pattern automaton either builds slowly (DFA) or scans
-    slowly (NFA) at that size.
+    One Hyperscan database holds every pattern: its literal matchers (SIMD
+    over short fingerprints, then a confirmation) report each occurrence of
+    each pattern, overlapping ones included, at about memory speed for ten
+    patterns or ten thousand. Which of the occurrences are taken is decided
+    here, from all of them.
     """
 
     def __init__(self, patterns: Sequence[bytes], weak: Collection[int] = ()) -> None:
@@ -40,71 +30,27 @@ class Matcher:
         never hides a strong one it overlaps (the sealer's detected values)."""
         self.patterns = list(patterns)
         self._weak = frozenset(weak)
-        self.anchor = min(8, min(map(len, patterns), default=8))
-        anchors: dict[bytes, int] = {}
-        self._by_anchor: list[list[tuple[bytes, int, int]]] = []
-        size = self.anchor
-        for index, pattern in enumerate(patterns):
-            window = pattern[: _ANCHOR_SEARCH + size - 1]
-            classes = window.translate(_RARITY)[: len(window) - size + 1]
-            offset = classes.rfind(min(classes))
-            anchor = pattern[offset : offset + size]
-            slot = anchors.setdefault(anchor, len(anchors))
-            if slot == len(self._by_anchor):
-                self._by_anchor.append([])
-            self._by_anchor[slot].append((pattern, offset, index))
-        # Two automata over the same anchors. The first finds whether and
-        # roughly where anchors occur: non-overlapping, so its SIMD prefilter
-        # applies and a buffer without any is scanned at memory speed. Every
-        # occurrence starts within one anchor length of one it reports; the
-        # second, overlapping, looks only at those short windows.
-        self._detect: list[ahocorasick_rs.BytesAhoCorasick] = []
-        self._candidates = None
-        if anchors:
-            keys = list(anchors)
-            group = _TEDDY_MAX if len(keys) <= _GROUPED_MAX else len(keys)
-            # A DFA: on text where anchors' first bytes are common (base64, hex)
-            # the prefilter cannot skip, and a DFA steps 2-3× faster than the NFA.
-            self._detect = [
-                ahocorasick_rs.BytesAhoCorasick(
-                    keys[i : i + group],
-                    matchkind=ahocorasick_rs.MatchKind.LeftmostFirst,
-                    implementation=ahocorasick_rs.Implementation.DFA,
-                )
-                for i in range(0, len(keys), group)
-            ]
-            self._candidates = ahocorasick_rs.BytesAhoCorasick(
-                keys, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
-            )
+        self._lengths = [len(p) for p in self.patterns]
+        self._database = compile_literals(self.patterns) if self.patterns else None
+        self._scratch = _Scratches(self._database)
 
     def __len__(self) -> int:
         return len(self.patterns)
 
     def any(self, data: bytes) -> bool:
-        """True when DATA may hold a pattern (an anchor occurs): one fast scan."""
-        return any(d.find_matches_as_indexes(data) for d in self._detect)
+        """True when DATA holds a pattern: one scan, stopped at the first match."""
+        return self._database is not None and _occurs(self._database, self._scratch, data)
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(pattern index, start, end) of every pattern in DATA, leftmost-longest, not overlapping."""
-        first = [at for detect in self._detect for _, at, _ in detect.find_matches_as_indexes(data)]
-        if not first:
+        if self._database is None or not data:
             return []
-        view = memoryview(data)
-        width = 2 * self.anchor - 1
-        hits = set()
-        for at in first:
-            window = view[at : at + width]
-            hits.update(
-                (slot, at + start)
-                for slot, start, _ in self._candidates.find_matches_as_indexes(window, overlapping=True)
-            )
-        confirmed = []
-        for slot, at in hits:
-            for pattern, offset, index in self._by_anchor[slot]:
-                start = at - offset
-                if start >= 0 and data.startswith(pattern, start):
-                    confirmed.append((start, -len(pattern), index))
-        confirmed.sort()
+        ends: list[tuple[int, int]] = []
+        self._database.scan(data, match_event_handler=_collector(ends), scratch=self._scratch.get())
+        if not ends:
+            return []
+        lengths = self._lengths
+        confirmed = sorted((end - lengths[index], -lengths[index], index) for index, end in ends)
         if self._weak and any(index in self._weak for _, _, index in confirmed):
             strong = _leftmost_longest([c for c in confirmed if c[2] not in self._weak])
             taken = [(start, end) for _, start, end in strong]
@@ -117,6 +63,87 @@ class Matcher:
         return _leftmost_longest(confirmed)
 
 
+def compile_literals(patterns: Sequence[bytes], flags: int = 0) -> hyperscan.Database:
+    """A block-mode database matching each of PATTERNS as bytes, its index as its id.
+
+    Hyperscan's pure-literal compiler takes C strings (a NUL would end the
+    pattern early), so each pattern goes to the regular-expression compiler
+    with every byte but letters and digits written as ``\\xHH``: a literal
+    for it all the same."""
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(
+        expressions=[_escaped(p) for p in patterns], ids=list(range(len(patterns))), elements=len(patterns), flags=flags
+    )
+    return database
+
+
+class Occurs:
+    """Whether any of EXPRESSIONS (Hyperscan regular expressions over bytes) occurs in a buffer."""
+
+    def __init__(self, expressions: Sequence[bytes]) -> None:
+        self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._database.compile(
+            expressions=list(expressions), ids=list(range(len(expressions))), elements=len(expressions),
+            flags=hyperscan.HS_FLAG_SINGLEMATCH,
+        )
+        self._scratch = _Scratches(self._database)
+
+    def __call__(self, data: bytes) -> bool:
+        return _occurs(self._database, self._scratch, data)
+
+
+def _occurs(database: hyperscan.Database, scratch: _Scratches, data: bytes) -> bool:
+    if not data:
+        return False
+    try:
+        database.scan(data, match_event_handler=_stop, scratch=scratch.get())
+    except hyperscan.ScanTerminated:
+        return True
+    return False
+
+
+def byte_class(members: bytes) -> bytes:
+    """A Hyperscan character class matching exactly the bytes of MEMBERS."""
+    return b"[" + _escaped(bytes(sorted(set(members)))) + b"]"
+
+
+class _Scratches:
+    """A Hyperscan scratch space per thread: a scan's scratch must not be in use by another scan."""
+
+    def __init__(self, database: hyperscan.Database | None) -> None:
+        self._database = database
+        self._local = threading.local()
+
+    def get(self) -> hyperscan.Scratch | None:
+        if self._database is None:
+            return None
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = hyperscan.Scratch(self._database)
+        return scratch
+
+
+_PLAIN = frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_ESCAPES = [bytes([b]) if b in _PLAIN else b"\\x%02x" % b for b in range(256)]
+
+
+def _escaped(pattern: bytes) -> bytes:
+    return b"".join([_ESCAPES[b] for b in pattern])
+
+
+def _stop(*_) -> bool:
+    return True
+
+
+def _collector(ends: list[tuple[int, int]]):
+    append = ends.append
+
+    def on_match(index: int, _start: int, end: int, _flags: int, _context: object) -> None:
+        append((index, end))
+
+    return on_match
+
+
 def _leftmost_longest(confirmed: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """(index, start, end) of the leftmost-longest matches of CONFIRMED that do not
     overlap; CONFIRMED holds (start, -length, index), sorted."""
@@ -127,4 +154,3 @@ def _leftmost_longest(confirmed: list[tuple[int, int, int]]) -> list[tuple[int, 
             pos = start - negative_length
             found.append((index, start, pos))
     return found
-

@@ -28,6 +28,8 @@ from json.decoder import JSONDecodeError, scanstring
 
 import pybase64
 
+from ._matcher import Occurs, byte_class
+
 B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
 _STD_TO_URL = bytes.maketrans(b"+/", b"-_")
 _URL_TO_STD = bytes.maketrans(b"-_", b"+/")
@@ -552,6 +554,8 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     a run of its own.
     """
     needle = b"\x01" * max(1, min(min_chars, seed))
+    if not _run_heads(len(needle), plus)(data):
+        return  # neither a seed nor a wrapped line: no run (most text; one scan at memory speed)
     classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
     # Narrow wrapping: a line of at least _MIN_WIDTH characters and another
     # after it (LF, CRLF): the last line of a block may be one character.
@@ -630,6 +634,17 @@ def _padding(data: bytes, end: int) -> int:
 
 
 _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
+
+
+@functools.cache
+def _run_heads(seed: int, plus: bool) -> Occurs:
+    """Whether a buffer holds where base64_runs starts a run: SEED alphabet bytes in
+    a row, or a line of _MIN_WIDTH and a line break, then another line (the
+    needle, _WRAP_LF and _WRAP_CRLF over the classes, as regular expressions)."""
+    classes = B64_CLASSES_PLUS if plus else B64_CLASSES
+    alphabet = byte_class(bytes(b for b in range(256) if classes[b] == 1))
+    breaks = byte_class(bytes(b for b in range(256) if classes[b] == 2))
+    return Occurs([b"%s{%d}" % (alphabet, seed), b"%s{%d}%s{1,2}%s" % (alphabet, _MIN_WIDTH, breaks, alphabet)])
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:

@@ -1,0 +1,95 @@
+"""The literal matcher against the plainest reference there is: bytes.find at every offset."""
+
+import threading
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyveil._matcher import Matcher
+
+# Few distinct bytes, so patterns overlap, repeat, nest and share prefixes.
+_BYTES = st.binary(min_size=0, max_size=1).map(lambda b: b or b"\x00")
+_ALPHABET = st.sampled_from([b"a", b"b", b"\x00", b"\\", b"\xff"])
+
+
+def _text(min_size: int, max_size: int):
+    return st.lists(_ALPHABET, min_size=min_size, max_size=max_size).map(b"".join)
+
+
+def reference(patterns: list[bytes], weak: set[int], data: bytes) -> list[tuple[int, int, int]]:
+    """Every occurrence by bytes.find; strong ones leftmost-longest first, then the weak ones no strong match overlaps."""
+    occurrences = sorted(
+        (start, -len(p), i)
+        for i, p in enumerate(patterns)
+        for start in range(len(data))
+        if data.startswith(p, start)
+    )
+
+    def pick(cands):
+        out, pos = [], 0
+        for start, neg, i in cands:
+            if start >= pos:
+                out.append((i, start, start - neg))
+                pos = start - neg
+        return out
+
+    strong = pick([o for o in occurrences if o[2] not in weak])
+    weak_ = [
+        o for o in occurrences
+        if o[2] in weak and not any(s < o[0] - o[1] and o[0] < e for _, s, e in strong)
+    ]
+    return sorted(strong + pick(weak_), key=lambda f: f[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    patterns=st.lists(_text(4, 9), min_size=1, max_size=12),
+    data=_text(0, 120),
+    weak_share=st.integers(0, 3),
+)
+def test_find_is_leftmost_longest_over_every_occurrence(patterns, data, weak_share):
+    weak = {i for i in range(len(patterns)) if weak_share and i % 4 < weak_share - 1}
+    # plant some patterns, so matches are not left to chance
+    data = patterns[0] + data + patterns[-1] + data[:7]
+    matcher = Matcher(patterns, weak=weak)
+    assert matcher.find(data) == reference(patterns, weak, data)
+    assert matcher.any(data)
+    assert not matcher.any(b"") and matcher.find(b"") == []
+
+
+def test_bytes_letters_and_digits_are_not_special():
+    """Every byte value matches only itself: regular-expression syntax in a value is a literal."""
+    patterns = [bytes(range(i, i + 8)) for i in range(0, 256, 8)] + [b".*+?", b"(a|b)", b"[^x]", b"\\x00"]
+    matcher = Matcher(patterns)
+    data = b"".join(patterns)
+    assert [i for i, _, _ in matcher.find(data)] == list(range(len(patterns)))
+    assert matcher.find(b"abcd" * 3 + b"\x00\x01" + b"....") == []
+    assert not matcher.any(b"ab\\x0")
+
+
+def test_no_patterns():
+    matcher = Matcher([])
+    assert len(matcher) == 0 and matcher.find(b"anything") == [] and not matcher.any(b"anything")
+
+
+def test_threads_scan_one_matcher_at_once():
+    """Each thread scans with a scratch space of its own (a shared one raises in use)."""
+    patterns = [b"needle%d" % i for i in range(50)]
+    matcher = Matcher(patterns)
+    data = b"hay " * 5000 + b"needle7 " + b"hay " * 5000
+    errors, results = [], []
+
+    def scan():
+        try:
+            for _ in range(200):
+                results.append(matcher.find(data))
+        except Exception as e:  # noqa: BLE001 — collected and asserted on below
+            errors.append(e)
+
+    threads = [threading.Thread(target=scan) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 800 and all(r == [(7, 20000, 20007)] for r in results)
