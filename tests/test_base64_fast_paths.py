@@ -2,8 +2,8 @@
 
 A 1 MiB image wrapped at 76 columns is found, counted and decoded at C speed:
 one comparison of its byte classes checks every line break's place
-(``_one_block``), one search finds where narrow wrapping starts, LF or CRLF
-(``_next_wrapping``), and the run is decoded as it stands, line breaks and
+(``_one_block``), one Hyperscan scan finds where the next run or narrow
+wrapping starts, LF or CRLF (``base64_runs``), and the run is decoded as it stands, line breaks and
 padding and all (``Base64View``). Each is checked here against a plain
 restatement of what it stands for, and the whole against the standard
 library: carriers are built with ``base64`` at random widths (12-120, LF
@@ -18,18 +18,18 @@ import random
 import re
 import secrets
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import keyveil._matcher as matcher_module
 from keyveil._engine import Sealer
 from keyveil._views import (
     _MIN_WIDTH,
-    _WRAP_CRLF,
-    _WRAP_LF,
     B64_CLASSES,
+    B64_CLASSES_PLUS,
     Base64View,
-    _next_wrapping,
     _one_block,
+    _segment_runs,
     _text_after_block,
     base64_runs,
 )
@@ -147,24 +147,59 @@ def test_one_block_on_shapes_near_a_block():
                 assert _one_block(data, classes, m.start(), m.end()) == _slow_one_block(data, m.start(), m.end()), data
 
 
-@settings(max_examples=300, deadline=None)
+def _slow_runs(data: bytes, min_chars: int, plus: bool, seed: int = 48) -> list:
+    """base64_runs restated: every segment of alphabet bytes and line breaks that holds
+    SEED alphabet bytes in a row, or a line of _MIN_WIDTH, a line break (one byte or
+    two) and another line, cut into runs as base64_runs cuts one segment."""
+    classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
+    head = b"\x01" * _MIN_WIDTH + b"\x02"
+    heads = (b"\x01" * max(1, min(min_chars, seed)), head + b"\x01", head + b"\x02\x01")
+    runs = []
+    for segment in re.finditer(rb"[\x01\x02]+", classes):
+        if any(h in segment.group() for h in heads):
+            runs += _segment_runs(data, classes, segment.start(), segment.end(), min_chars)
+    return runs
+
+
+_PIECES = st.sampled_from([
+    b"\x00", b" ", b"+", b"QUJDREVGSElKS0xN", b"QUJD", b"x", b"\n", b"\r\n", b"\r", b"\n\n", b"=", b"-_",
+    b"QUJDREVGSElK\n", b"QUJDREVGSElKS0xN\r\n", b"A" * 47, b"B" * 48,
+])
+
+
+@settings(max_examples=500, deadline=None)
 @given(
-    classes=st.lists(st.sampled_from([b"\x00", b"\x01" * 13, b"\x01", b"\x02", b"\x02\x02", b"\x01" * 5]), max_size=40).map(b"".join),
-    steps=st.lists(st.integers(0, 30), max_size=6),
+    data=st.lists(_PIECES, max_size=40).map(b"".join),
+    min_chars=st.integers(1, 70),
+    plus=st.booleans(),
 )
-def test_next_wrapping_finds_the_first_of_either_pattern(classes, steps):
-    """As base64_runs moves on (POS only grows), what _next_wrapping knows is exact,
-    and the first it knows of is the first occurrence of either pattern."""
-    lf = crlf = None
-    pos = 0
-    for step in [0, *steps]:
-        pos += step
-        lf, crlf = _next_wrapping(classes, pos, lf, crlf)
-        first_lf, first_crlf = classes.find(_WRAP_LF, pos), classes.find(_WRAP_CRLF, pos)
-        assert lf in (None, first_lf) and crlf in (None, first_crlf)
-        hits = [at for at in (first_lf, first_crlf) if at != -1]
-        known = [at for at in (lf, crlf) if at is not None and at != -1]
-        assert min(known, default=-1) == min(hits, default=-1)
+@example(data=b"QUJDREVGSElKS0xN\r\n" * 3, min_chars=40, plus=False)  # CRLF lines narrower than the seed
+@example(data=b"QUJDREVGSElK\n" * 4 + b"x", min_chars=40, plus=True)  # LF lines of the narrowest width
+@example(data=b" " + b"A" * 47 + b" " + b"B" * 48, min_chars=60, plus=False)  # the seed is 48
+def test_base64_runs_looks_at_every_segment_holding_a_seed_or_a_wrapped_line(data, min_chars, plus):
+    """base64_runs asks Hyperscan where the next segment with a seed or a wrapped line
+    is (one scan from where it stands, stopped at the first match): it finds the same
+    runs as a search of every segment for the same patterns over the byte classes."""
+    assert list(base64_runs(data, min_chars, plus=plus)) == _slow_runs(data, min_chars, plus)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.lists(_PIECES, max_size=60).map(b"".join),
+    min_chars=st.integers(1, 70),
+    plus=st.booleans(),
+    window=st.integers(49, 160),
+)
+def test_runs_are_found_across_the_scan_windows(data, min_chars, plus, window):
+    """The search goes over windows that overlap by the longest head: a head across
+    the edge of one is whole in the next (windows made small here, so that the
+    generated buffers span many)."""
+    saved = matcher_module._WINDOW
+    matcher_module._WINDOW = window
+    try:
+        assert list(base64_runs(data, min_chars, plus=plus)) == _slow_runs(data, min_chars, plus)
+    finally:
+        matcher_module._WINDOW = saved
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,13 +13,10 @@ import random
 import re
 from urllib.parse import quote, unquote_to_bytes
 
-from contextlib import contextmanager
-
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import keyveil._views as views_module
 from keyveil._views import (
     Base64View,
     JsonView,
@@ -264,35 +261,3 @@ def test_escape_tail_is_what_the_standard_library_wrote_after_the_escape_charact
     assert escape_tail(b"100%zzQUFB", 4) == 0 and escape_tail(b"QUFB", 0) == 0
 
 
-
-_RUN_PIECES = st.sampled_from(
-    [b"QUJD", b"ZGVm+/", b"-_x9", b"A" * 12, b"B" * 11, b"\n", b"\r\n", b"\r", b" ", b"=", b"+", b"%2B", b".", b"\x00",
-     b"QUJDREVGSElK\n", b"QUJDREVGSElKS0xN\r\n"]  # wrapped lines of 12 and 16
-)
-
-
-@contextmanager
-def _prefilter_always_yes():
-    saved = views_module._run_heads
-    views_module._run_heads = lambda seed, plus: (lambda data: True)
-    try:
-        yield
-    finally:
-        views_module._run_heads = saved
-
-
-@settings(max_examples=400, deadline=None)
-@given(
-    pieces=st.lists(_RUN_PIECES, max_size=40),
-    min_chars=st.integers(4, 60),
-    plus=st.booleans(),
-)
-@example(pieces=[b"QUJDREVGSElKS0xN\r\n"] * 3, min_chars=40, plus=False)  # CRLF lines narrower than the seed
-@example(pieces=[b"QUJDREVGSElK\n"] * 4, min_chars=40, plus=True)  # LF lines of the narrowest width
-def test_the_run_prefilter_only_skips_buffers_without_runs(pieces, min_chars, plus):
-    """base64_runs first asks Hyperscan whether a seed or a wrapped line occurs at all:
-    with that question answered yes every time, it finds the very same runs."""
-    data = b"".join(pieces)
-    with_prefilter = list(base64_runs(data, min_chars, plus=plus))
-    with _prefilter_always_yes():
-        assert list(base64_runs(data, min_chars, plus=plus)) == with_prefilter

@@ -78,18 +78,47 @@ def compile_literals(patterns: Sequence[bytes], flags: int = 0) -> hyperscan.Dat
 
 
 class Occurs:
-    """Whether any of EXPRESSIONS (Hyperscan regular expressions over bytes) occurs in a buffer."""
+    """Whether, and where first, any of EXPRESSIONS (Hyperscan regular expressions
+    over bytes, none matching more than LONGEST bytes) occurs in a buffer."""
 
-    def __init__(self, expressions: Sequence[bytes]) -> None:
+    def __init__(self, expressions: Sequence[bytes], longest: int) -> None:
         self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._database.compile(
             expressions=list(expressions), ids=list(range(len(expressions))), elements=len(expressions),
             flags=hyperscan.HS_FLAG_SINGLEMATCH,
         )
         self._scratch = _Scratches(self._database)
+        self._longest = longest
 
     def __call__(self, data: bytes) -> bool:
         return _occurs(self._database, self._scratch, data)
+
+    def first_end(self, data: bytes, pos: int = 0) -> int:
+        """Where the match in DATA[POS:] that ends first ends, or -1.
+
+        Looked for in windows of _WINDOW bytes, each overlapping the one before
+        by LONGEST: Hyperscan's engines for repeated classes run over the whole
+        block they are given before a match stops the scan, so a buffer read
+        from one hit to the next would cost a pass over its rest at each hit."""
+        view = memoryview(data)
+        ends: list[int] = []
+
+        def on_match(_index: int, _start: int, end: int, _flags: int, _context: object) -> None:
+            ends.append(end)  # each expression once (single-match): at most one per expression
+
+        scratch = self._scratch.get()
+        while pos < len(data):
+            window = view[pos : pos + _WINDOW]
+            self._database.scan(window, match_event_handler=on_match, scratch=scratch)
+            if ends:
+                return pos + min(ends)
+            if pos + _WINDOW >= len(data):
+                break
+            pos += _WINDOW - self._longest
+        return -1
+
+
+_WINDOW = 1 << 15
 
 
 def _occurs(database: hyperscan.Database, scratch: _Scratches, data: bytes) -> bool:

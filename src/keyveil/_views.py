@@ -553,39 +553,38 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     A word on the line before a block, or a token on the line after it, is
     a run of its own.
     """
-    needle = b"\x01" * max(1, min(min_chars, seed))
-    if not _run_heads(len(needle), plus)(data):
-        return  # neither a seed nor a wrapped line: no run (most text; one scan at memory speed)
-    classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
-    # Narrow wrapping: a line of at least _MIN_WIDTH characters and another
-    # after it (LF, CRLF): the last line of a block may be one character.
-    lf = crlf = None if b"\x02" in classes else -1  # where each next occurs (-1: nowhere; None: see _next_wrapping)
-    seeded = classes.find(needle)  # the next occurrence, kept until passed
+    heads = _run_heads(max(1, min(min_chars, seed)), plus)
+    classes = None
     pos = 0
     while True:
-        if seeded != -1 and seeded < pos:
-            seeded = classes.find(needle, pos)
-        lf, crlf = _next_wrapping(classes, pos, lf, crlf)
-        hits = [at for at in (seeded, lf, crlf) if at is not None and at != -1]
-        if not hits:
+        # Inside the first buffer segment (alphabet bytes and line breaks) from
+        # POS on that holds a seed or a wrapped line: most text has none at all.
+        hit = heads.first_end(data, pos) - 1
+        if hit < 0:
             break
-        hit = min(hits)
+        if classes is None:
+            classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
         start = classes.rfind(b"\x00", 0, hit) + 1
         end = classes.find(b"\x00", hit)
         if end == -1:
             end = len(data)
         pos = end
-        if end - start < min_chars:
-            continue  # too short to hold a value even with its line breaks
-        breaks = _one_block(data, classes, start, end)
-        if breaks is not None:  # one line, or one block of equal lines: taken whole, its breaks counted already
-            if end - start - breaks >= min_chars:
-                yield Run(start, end, _padding(data, end), False)
-            continue
-        for run_start, run_end, alternative in _wrapped_blocks(data, start, end):
-            chars = run_end - run_start - _count_breaks(data, run_start, run_end)
-            if chars >= min_chars:
-                yield Run(run_start, run_end, _padding(data, run_end), alternative)
+        yield from _segment_runs(data, classes, start, end, min_chars)
+
+
+def _segment_runs(data: bytes, classes: bytes, start: int, end: int, min_chars: int) -> Iterator[Run]:
+    """The runs of one buffer segment START..END (alphabet bytes and line breaks between others)."""
+    if end - start < min_chars:
+        return  # too short to hold a value even with its line breaks
+    breaks = _one_block(data, classes, start, end)
+    if breaks is not None:  # one line, or one block of equal lines: taken whole, its breaks counted already
+        if end - start - breaks >= min_chars:
+            yield Run(start, end, _padding(data, end), False)
+        return
+    for run_start, run_end, alternative in _wrapped_blocks(data, start, end):
+        chars = run_end - run_start - _count_breaks(data, run_start, run_end)
+        if chars >= min_chars:
+            yield Run(run_start, run_end, _padding(data, run_end), alternative)
 
 
 def runs_of(data: bytes, min_chars: int, plus: bool = False) -> list[Run]:
@@ -638,50 +637,19 @@ _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64,
 
 @functools.cache
 def _run_heads(seed: int, plus: bool) -> Occurs:
-    """Whether a buffer holds where base64_runs starts a run: SEED alphabet bytes in
-    a row, or a line of _MIN_WIDTH and a line break, then another line (the
-    needle, _WRAP_LF and _WRAP_CRLF over the classes, as regular expressions)."""
+    """Where base64_runs starts a run: SEED alphabet bytes in a row, or a line of
+    at least _MIN_WIDTH, its line break (LF or CRLF) and the next line's first character."""
     classes = B64_CLASSES_PLUS if plus else B64_CLASSES
     alphabet = byte_class(bytes(b for b in range(256) if classes[b] == 1))
     breaks = byte_class(bytes(b for b in range(256) if classes[b] == 2))
-    return Occurs([b"%s{%d}" % (alphabet, seed), b"%s{%d}%s{1,2}%s" % (alphabet, _MIN_WIDTH, breaks, alphabet)])
+    heads = [b"%s{%d}" % (alphabet, seed), b"%s{%d}%s{1,2}%s" % (alphabet, _MIN_WIDTH, breaks, alphabet)]
+    return Occurs(heads, longest=max(seed, _MIN_WIDTH + 3))
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
     # bytes.count is a plain loop; find is memchr: a run without `\r` (most) is counted once.
     crs = data.count(b"\r", start, end) if data.find(b"\r", start, end) != -1 else 0
     return data.count(b"\n", start, end) + crs
-
-
-# A line of _MIN_WIDTH alphabet characters and a line break (classes), then another
-# line (LF: _WRAP_LF) or the LF of a CRLF and another line (_WRAP_CRLF).
-_WRAP_HEAD = b"\x01" * _MIN_WIDTH + b"\x02"
-_WRAP_LF = _WRAP_HEAD + b"\x01"
-_WRAP_CRLF = _WRAP_HEAD + b"\x02\x01"
-
-
-def _next_wrapping(classes: bytes, pos: int, lf: int | None, crlf: int | None) -> tuple[int | None, int | None]:
-    """Where _WRAP_LF and _WRAP_CRLF next occur in CLASSES from POS on, as LF and
-    CRLF were (-1: nowhere; an offset from POS on: there; else: to look for).
-
-    Each pattern on its own costs a pass over the whole buffer where it never
-    occurs (CRLF over LF text, both over a decoded image); one search for the
-    head they share finds the first of either. The other one is then left
-    unknown (None): it occurs after that one, which base64_runs takes first.
-    Only when the head's first occurrence is neither (a line, then a blank
-    line) is each looked for on its own, as base64_runs used to."""
-    stale_lf = lf is None or (lf != -1 and lf < pos)
-    stale_crlf = crlf is None or (crlf != -1 and crlf < pos)
-    if not (stale_lf or stale_crlf):
-        return lf, crlf
-    at = classes.find(_WRAP_HEAD, pos)
-    if at == -1:
-        return -1, -1
-    if classes.startswith(b"\x01", at + len(_WRAP_HEAD)):
-        return at, None if stale_crlf else crlf
-    if classes.startswith(b"\x02\x01", at + len(_WRAP_HEAD)):
-        return None if stale_lf else lf, at
-    return classes.find(_WRAP_LF, at) if stale_lf else lf, classes.find(_WRAP_CRLF, at) if stale_crlf else crlf
 
 
 def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
