@@ -30,10 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import ahocorasick_rs
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import hyperscan
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from keyveil._errors import RulesError, UsageError
+from keyveil._matcher import Scanner, escaped
 from keyveil._rules import (
     HostPatternField,
     Inject,
@@ -490,13 +499,6 @@ _HEX = bytes(1 if (48 <= b <= 57 or 65 <= b <= 70 or 97 <= b <= 102) else 0 for 
 _BACKSLASH, _PERCENT = 0x5C, 0x25
 _ESCAPE_LETTERS = frozenset(b"nrt")
 
-# The prefilter (Teddy) fingerprints the first three bytes of each literal and
-# scans at memory speed while it holds a few literals; measured on code and prose
-# (bench/detect_bench.py), groups of about 16 scan faster than one group of 40,
-# and a literal of one or two bytes (`SK`) weakens the fingerprint of its whole
-# group, so it gets a group of its own.
-_GROUP = 16
-
 # After a keyword: the rest of the name, a closing quote, an operator, an opening
 # quote, the value. Values hold no whitespace and no quote; a quoted value may also
 # hold the punctuation that ends a bare one (& ; , brackets).
@@ -510,6 +512,10 @@ _ASSIGN = re.compile(
     rb"[ \t]{0,16}(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)[ \t]{1,4})?"
     rb"(?:(?P<q>\\?[\"'`])(?P<quoted>[" + _QUOTED + rb"]{8,}+={0,3})(?P=q)|(?P<bare>[" + _BARE + rb"]{8,}+={0,3})(?![(\[]))"  # `name = call(...)` is code
 )
+# What `_ASSIGN` needs right after a keyword, loosely, for Hyperscan: the rest of
+# the name, a quote, blanks, and the first byte of an operator (`:`, `=`, `?=`).
+# `_ASSIGN` then decides at each hit.
+_KEYWORD_TAIL = rb"[A-Za-z0-9_.\-]{0,64}(?:\\?[\"'])?[ \t]{0,16}[:=?]"
 _NAME_BYTES = bytes(1 if (_WORD[b] or b in b"_.-") else 0 for b in range(256))
 
 
@@ -570,35 +576,24 @@ class Detector:
         self._followers = followers
         keywords = {v.encode("ascii") for k in table.assignments.keywords for v in (k, k.upper(), k.capitalize())}
 
-        # Two families of anchors, each in groups the SIMD prefilter takes: the
-        # prefixes of shapes (rare in text) and the keywords of names (common: a
-        # family of their own, so they do not slow the other scan down).
-        # Leftmost-first, not overlapping: what lets the prefilter run. No check is
-        # lost: every anchor starts a token or a keyword, and an anchor that overlaps
-        # the end of another starts right after a letter or digit of it, where no
-        # token may start (and a keyword inside a name is covered by the keyword
-        # before it, whose check reads the rest of the name).
-        kind = ahocorasick_rs.MatchKind.LeftmostFirst
-        self._shape_groups: list[tuple[ahocorasick_rs.BytesAhoCorasick, list[tuple[_Shape, ...]]]] = []
-        anchors = _anchors(literals)
-        checks: dict[bytes, list[_Shape]] = {a: [] for a in anchors}
-        for literal in sorted(literals):
-            anchor = max((a for a in anchors if literal.startswith(a)), key=len)
-            checks[anchor].extend(literals[literal])
-        for part in _grouped(anchors):
-            self._shape_groups.append((ahocorasick_rs.BytesAhoCorasick(part, matchkind=kind), [tuple(checks[a]) for a in part]))
-        words = sorted(keywords)
-        # Keywords hit often in any text, which no fingerprint avoids: one automaton
-        # (two of them would each pay for the hits of the other's common words).
-        self._keyword_groups = [ahocorasick_rs.BytesAhoCorasick(words, matchkind=kind)]
+        # One scan finds every prefix of a shape, and every keyword of a name that
+        # an operator follows (`_KEYWORD_TAIL`: keywords alone are common words),
+        # overlapping ones included; each hit is then checked where it stands.
+        prefixes = sorted(literals)
+        self._checks: list[tuple[_Shape, ...]] = [tuple(literals[literal]) for literal in prefixes]
+        self._lengths = [len(literal) for literal in prefixes] + [len(word) for word in sorted(keywords)]
+        self._keyword_base = len(prefixes)
+        self._scanner = Scanner(
+            [*map(escaped, prefixes), *(escaped(word) + _KEYWORD_TAIL for word in sorted(keywords))],
+            [0] * len(prefixes) + [hyperscan.HS_FLAG_SOM_LEFTMOST] * len(keywords),
+        )
         # The value of an assignment is at least this long: the shortest the
         # randomness test or a named shape accepts.
         shortest = min([self._min_length, *(_min_width(n.regex) for n in self._named)])
         self._assign = re.compile(_ASSIGN.pattern.replace(b"{8,}+", b"{%d,}+" % max(1, shortest - 3)))
 
     def __repr__(self) -> str:
-        groups = len(self._shape_groups) + len(self._keyword_groups)
-        return f"<Detector kinds={len(self.entries) + 1} automata={groups}>"
+        return f"<Detector kinds={len(self.entries) + 1} literals={len(self._literals)}>"
 
     @property
     def kinds(self) -> list[str]:
@@ -608,31 +603,25 @@ class Detector:
         """Every detected value in DATA, left to right, not overlapping. Never capped."""
         found: list[tuple[int, int, int, str]] = []  # rank, start, end, kind
         n = len(data)
-        for automaton, checks in self._shape_groups:
-            for index, start, _ in automaton.find_matches_as_indexes(data):
+        base = self._keyword_base
+        checks = self._checks
+        assign = self._assign.match
+        lengths = self._lengths
+        for index, start, end in self._scanner.find(data):
+            if index < base:
+                start = end - lengths[index]
                 if not _clear_before(data, start):
                     continue
                 for check in checks[index]:
-                    if data[start : start + len(check.literal)] != check.literal:  # any buffer, memoryview too
-                        continue
                     m = check.regex.match(data, start)
                     if m is None or (m.end() < n and _WORD[data[m.end()]]):
                         continue
                     s, e = m.span(check.group)
                     found.append((check.rank, s, e, check.kind))
-        assign = self._assign.match
-        last = n - 1
-        for automaton in self._keyword_groups:
-            # The hot loop: keywords are common words; most are not followed by an
-            # operator. A keyword, a space and a lower-case letter (`token is`) is
-            # the word of a sentence: `_ASSIGN` would fail at the letter, where only
-            # an operator may follow the space (four of five hits in prose).
-            for _, start, end in automaton.find_matches_as_indexes(data):
-                if end < last and data[end] == 0x20 and _LOWER[data[end + 1]]:
-                    continue
-                m = assign(data, end)
-                if m is not None:
-                    self._assigned(data, start, m, found)
+                continue
+            m = assign(data, start + lengths[index])  # START: the keyword's (leftmost start of match)
+            if m is not None:
+                self._assigned(data, start, m, found)
         if not found:
             return []
         if self._followers:
@@ -721,40 +710,6 @@ def _name_at(data, start: int, end: int) -> bytes:
     while first > 0 and start - first < 64 and _NAME_BYTES[data[first - 1]]:
         first -= 1
     return bytes(data[first:end])
-
-
-def _anchors(literals) -> list[bytes]:
-    """The literals the automaton looks for: fewer and shorter than the literals themselves.
-
-    Literals sharing their first three bytes are looked for by their common prefix
-    (`xoxa-`, `xoxb-` ... by `xox`), and a literal that starts with another one
-    through that one (`sk-ant-api` through `sk-`): each check verifies its whole
-    literal. Fewer literals keep the prefilter fast.
-    """
-    by_head: dict[bytes, list[bytes]] = {}
-    for literal in literals:
-        by_head.setdefault(literal[:3], []).append(literal)
-    shared = [_common_prefix(group) for group in by_head.values()]
-    out: list[bytes] = []
-    for literal in sorted(shared, key=lambda b: (len(b), b)):
-        if not any(literal.startswith(a) for a in out):
-            out.append(literal)
-    return out
-
-
-def _grouped(anchors: list[bytes]) -> list[list[bytes]]:
-    short = [a for a in anchors if len(a) < 3]
-    rest = [a for a in anchors if len(a) >= 3]
-    groups = [rest[i : i + _GROUP] for i in range(0, len(rest), _GROUP)]
-    return groups + ([short] if short else [])
-
-
-def _common_prefix(group: list[bytes]) -> bytes:
-    first, last = min(group), max(group)
-    n = 0
-    while n < min(len(first), len(last)) and first[n] == last[n]:
-        n += 1
-    return first[:n]
 
 
 def _min_width(regex: re.Pattern[bytes]) -> int:

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
-import ahocorasick_rs
-
 from ._detect import Detector, detected_name
 from ._errors import VaultError
+from ._matcher import Literals
 from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_alphabet
 
 #: every detected value is named under this prefix; such a name is never bound
@@ -175,12 +174,12 @@ def _token_escape(data: bytes) -> bool:
 
 #: what a JSON view is built for, found in one SIMD scan (3-4× cheaper on prose than
 #: the regexes, which visit every `\\n` and `\\"`, or than a bytes.find per literal)
-_VIEW_LITERALS = ahocorasick_rs.BytesAhoCorasick([b"\\/", b"\\u00", b"PRIVATE KEY"], matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+_VIEW_LITERALS = Literals([b"\\/", b"\\u00", b"PRIVATE KEY"])
 
 
 def _json_view_needed(data: bytes) -> bool:
     """A token escape, or a private key whose line breaks are `\\n` (the regexes run only where their literal occurs)."""
-    seen = {index for index, _, _ in _VIEW_LITERALS.find_matches_as_indexes(data)}
+    seen = {index for index, _, _ in _VIEW_LITERALS.find(data)}
     if (0 in seen or 1 in seen) and _token_escape(data):
         return True
     return 2 in seen and b"\\n" in data and _PEM_KEY.search(data) is not None

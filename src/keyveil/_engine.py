@@ -19,21 +19,23 @@ value: only names.
 from __future__ import annotations
 
 import binascii
-from json import dumps as _json_dumps
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from json import dumps as _json_dumps
 from urllib.parse import quote, unquote_to_bytes
 
-import ahocorasick_rs
-
 from ._errors import KeyveilError
-from ._matcher import Matcher
+from ._matcher import Literals, Matcher
 from ._references import format_reference
 from ._views import (
     _STD_TO_URL as _TO_URL,
+)
+from ._views import (
     _URL_TO_STD as _TO_STD,
+)
+from ._views import (
     B64_ALPHABET,
     Base64View,
     Edit,
@@ -878,17 +880,14 @@ class _AnyOf:
         self._by_literal = [
             None if lit in plain else [p for literal, p in compiled if literal == lit] for lit in self._literals
         ]
-        # One pass finds every leading literal (a DFA: a buffer full of escapes
-        # that start no pattern, `\\u4e2d`, is read at memory speed).
-        self._patterns = ahocorasick_rs.BytesAhoCorasick(
-            self._literals, matchkind=ahocorasick_rs.MatchKind.Standard, implementation=ahocorasick_rs.Implementation.DFA
-        )
+        # One scan finds every occurrence of every leading literal.
+        self._patterns = Literals(self._literals)
 
     def search(self, data: bytes) -> bool:
         if any(p.search(data) is not None for p in self._direct):
             return True
         hits: dict[int, list[int]] = {}
-        for index, start, _ in self._patterns.find_matches_as_indexes(data, overlapping=True):
+        for index, start, _ in self._patterns.find(data):
             hits.setdefault(index, []).append(start)
         for index, starts in hits.items():
             if self._by_literal[index] is None:

@@ -14,43 +14,92 @@ from collections.abc import Collection, Sequence
 import hyperscan
 
 
-class Matcher:
-    """Leftmost-longest, non-overlapping matches of PATTERNS (each at least 4 bytes);
-    a weak pattern's match gives way to a strong one it overlaps.
+class Scanner:
+    """Every match of each of EXPRESSIONS (Hyperscan regular expressions over bytes,
+    with FLAGS each) in a buffer, overlapping ones included: one scan.
 
-    One Hyperscan database holds every pattern: its literal matchers (SIMD
-    over short fingerprints, then a confirmation) report each occurrence of
-    each pattern, overlapping ones included, at about memory speed for ten
-    patterns or ten thousand. Which of the occurrences are taken is decided
-    here, from all of them.
-    """
+    A match's start is Hyperscan's: 0 unless its expression has
+    ``HS_FLAG_SOM_LEFTMOST``. Each match costs a call into Python: expressions
+    that match often in ordinary text belong in a narrower form."""
 
-    def __init__(self, patterns: Sequence[bytes], weak: Collection[int] = ()) -> None:
-        """WEAK: indexes of patterns that give way to the others: a weak match
-        never hides a strong one it overlaps (the sealer's detected values)."""
-        self.patterns = list(patterns)
-        self._weak = frozenset(weak)
-        self._lengths = [len(p) for p in self.patterns]
-        self._database = compile_literals(self.patterns) if self.patterns else None
+    def __init__(self, expressions: Sequence[bytes], flags: Sequence[int] | None = None) -> None:
+        self._database = None
+        if expressions:
+            self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            self._database.compile(
+                expressions=list(expressions), ids=list(range(len(expressions))), elements=len(expressions),
+                flags=list(flags) if flags is not None else 0,
+            )
         self._scratch = _Scratches(self._database)
+
+    def any(self, data: bytes) -> bool:
+        """True when DATA holds a match: one scan, stopped at the first match."""
+        return self._database is not None and _occurs(self._database, self._scratch, data)
+
+    def find(self, data: bytes) -> list[tuple[int, int, int]]:
+        """(expression index, start, end) of every match, in the order of their ends."""
+        if self._database is None or not data:
+            return []
+        found: list[tuple[int, int, int]] = []
+        append = found.append
+
+        def on_match(index: int, start: int, end: int, _flags: int, _context: object) -> None:
+            append((index, start, end))
+
+        self._database.scan(data, match_event_handler=on_match, scratch=self._scratch.get())
+        return found
+
+
+class Literals:
+    """Every occurrence of each of PATTERNS (bytes) in a buffer, overlapping ones
+    included: one Hyperscan scan (its SIMD literal matchers) whatever their number."""
+
+    def __init__(self, patterns: Sequence[bytes]) -> None:
+        self.patterns = list(patterns)
+        self._lengths = [len(p) for p in self.patterns]
+        self._scanner = Scanner([escaped(p) for p in self.patterns])
 
     def __len__(self) -> int:
         return len(self.patterns)
 
     def any(self, data: bytes) -> bool:
         """True when DATA holds a pattern: one scan, stopped at the first match."""
-        return self._database is not None and _occurs(self._database, self._scratch, data)
+        return self._scanner.any(data)
+
+    def find(self, data: bytes) -> list[tuple[int, int, int]]:
+        """(pattern index, start, end) of every occurrence, in the order of their ends."""
+        lengths = self._lengths
+        return [(index, end - lengths[index], end) for index, _, end in self._scanner.find(data)]
+
+
+class Matcher:
+    """Leftmost-longest, non-overlapping matches of PATTERNS (each at least 4 bytes);
+    a weak pattern's match gives way to a strong one it overlaps.
+
+    Every occurrence of every pattern comes from one scan (``Literals``); which
+    of them are taken is decided here, from all of them.
+    """
+
+    def __init__(self, patterns: Sequence[bytes], weak: Collection[int] = ()) -> None:
+        """WEAK: indexes of patterns that give way to the others: a weak match
+        never hides a strong one it overlaps (the sealer's detected values)."""
+        self._literals = Literals(patterns)
+        self.patterns = self._literals.patterns
+        self._weak = frozenset(weak)
+
+    def __len__(self) -> int:
+        return len(self.patterns)
+
+    def any(self, data: bytes) -> bool:
+        """True when DATA holds a pattern: one scan, stopped at the first match."""
+        return self._literals.any(data)
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(pattern index, start, end) of every pattern in DATA, leftmost-longest, not overlapping."""
-        if self._database is None or not data:
+        occurrences = self._literals.find(data)
+        if not occurrences:
             return []
-        ends: list[tuple[int, int]] = []
-        self._database.scan(data, match_event_handler=_collector(ends), scratch=self._scratch.get())
-        if not ends:
-            return []
-        lengths = self._lengths
-        confirmed = sorted((end - lengths[index], -lengths[index], index) for index, end in ends)
+        confirmed = sorted((start, start - end, index) for index, start, end in occurrences)
         if self._weak and any(index in self._weak for _, _, index in confirmed):
             strong = _leftmost_longest([c for c in confirmed if c[2] not in self._weak])
             taken = [(start, end) for _, start, end in strong]
@@ -61,20 +110,6 @@ class Matcher:
             ]
             return sorted(strong + _leftmost_longest(weak), key=lambda f: f[1])
         return _leftmost_longest(confirmed)
-
-
-def compile_literals(patterns: Sequence[bytes], flags: int = 0) -> hyperscan.Database:
-    """A block-mode database matching each of PATTERNS as bytes, its index as its id.
-
-    Hyperscan's pure-literal compiler takes C strings (a NUL would end the
-    pattern early), so each pattern goes to the regular-expression compiler
-    with every byte but letters and digits written as ``\\xHH``: a literal
-    for it all the same."""
-    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(
-        expressions=[_escaped(p) for p in patterns], ids=list(range(len(patterns))), elements=len(patterns), flags=flags
-    )
-    return database
 
 
 class Occurs:
@@ -133,7 +168,7 @@ def _occurs(database: hyperscan.Database, scratch: _Scratches, data: bytes) -> b
 
 def byte_class(members: bytes) -> bytes:
     """A Hyperscan character class matching exactly the bytes of MEMBERS."""
-    return b"[" + _escaped(bytes(sorted(set(members)))) + b"]"
+    return b"[" + escaped(bytes(sorted(set(members)))) + b"]"
 
 
 class _Scratches:
@@ -156,21 +191,15 @@ _PLAIN = frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 _ESCAPES = [bytes([b]) if b in _PLAIN else b"\\x%02x" % b for b in range(256)]
 
 
-def _escaped(pattern: bytes) -> bytes:
+def escaped(pattern: bytes) -> bytes:
+    """PATTERN as a Hyperscan regular expression matching exactly its bytes: every byte
+    but letters and digits written ``\\xHH``. (Hyperscan's pure-literal compiler takes
+    C strings: a NUL would end the pattern early.)"""
     return b"".join([_ESCAPES[b] for b in pattern])
 
 
 def _stop(*_) -> bool:
     return True
-
-
-def _collector(ends: list[tuple[int, int]]):
-    append = ends.append
-
-    def on_match(index: int, _start: int, end: int, _flags: int, _context: object) -> None:
-        append((index, end))
-
-    return on_match
 
 
 def _leftmost_longest(confirmed: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

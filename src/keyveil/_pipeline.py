@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
-import ahocorasick_rs
-
 from ._detected import is_detected
 from ._engine import Sealer
 from ._inject import (
@@ -31,6 +29,7 @@ from ._inject import (
     inject_basic,
     split_basic,
 )
+from ._matcher import Literals
 from ._references import find_references_layered, format_reference, may_hold_reference
 from ._rules import CompiledRules
 from ._views import decode_base64
@@ -646,7 +645,7 @@ _BASE64_TOKEN = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
 # bytes holding "secret", in either alphabet, decoded from any character, holds
 # the encoding of one of its three-byte groups "sec", "cre" or "ecr": a buffer
 # without any of the three is decoded no further (most headers: one SIMD scan).
-_SECRET_IN_BASE64 = ahocorasick_rs.BytesAhoCorasick([b"c2Vj", b"Y3Jl", b"ZWNy"])
+_SECRET_IN_BASE64 = Literals([b"c2Vj", b"Y3Jl", b"ZWNy"])
 
 
 def _base64_tokens(data: bytes, layers: int = 1) -> Iterator[bytes]:
@@ -657,7 +656,7 @@ def _base64_tokens(data: bytes, layers: int = 1) -> Iterator[bytes]:
     LAYERS 2: also base64 inside what a run decodes to (base64 of base64)."""
     if b"%" in data:
         data = unquote_to_bytes(data)
-    if layers == 1 and not _SECRET_IN_BASE64.find_matches_as_indexes(data):
+    if layers == 1 and not _SECRET_IN_BASE64.any(data):
         return  # the outer text of base64 of base64 need not show it: no shortcut there
     for m in _BASE64_TOKEN.finditer(data):
         run = m.group().rstrip(b"=")

@@ -12,8 +12,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from urllib.parse import unquote_to_bytes
 
-import ahocorasick_rs
-
+from ._matcher import Literals
 from ._views import JsonView, PercentView, json_unescape
 
 NAME_MAX = 128
@@ -95,7 +94,7 @@ def find_url_references(data: bytes) -> Iterator[tuple[int, int, str]]:
 
 # Every reference, raw or percent-encoded, holds one of these: a SIMD scan for
 # three short literals is many times faster than a search for "secret".
-_MARKERS = ahocorasick_rs.BytesAhoCorasick([b"{secret:", b"Bsecret", b"bsecret"])
+_MARKERS = Literals([b"{secret:", b"Bsecret", b"bsecret"])
 
 
 # What a reference written through JSON escapes or percent-encoding holds in the
@@ -104,7 +103,7 @@ _MARKERS = ahocorasick_rs.BytesAhoCorasick([b"{secret:", b"Bsecret", b"bsecret"]
 # of its letters (`\\u0073`, `%73`: their hex digits are digits, so the case of
 # hex letters does not matter). Letters escaped through two layers at once
 # (`%2573`) are not looked for.
-_HIDDEN = ahocorasick_rs.BytesAhoCorasick(
+_HIDDEN = Literals(
     [b"secret", *(b"u00%x" % c for c in b"secrt"), *(b"%%%x" % c for c in b"secrt")]
 )
 
@@ -113,7 +112,7 @@ def may_hold_reference(data: bytes, escaped: bool = False) -> bool:
     """False when DATA certainly holds no reference written plainly or percent-encoded
     (the common case, checked fast); with ESCAPED, also none whose letters or
     punctuation a JSON escape or percent-encoding hides (`_HIDDEN`)."""
-    return bool((_HIDDEN if escaped else _MARKERS).find_matches_as_indexes(data))
+    return (_HIDDEN if escaped else _MARKERS).any(data)
 
 
 #: how a value is written where a reference stood in a decoded view (None: as the place wants)
@@ -169,7 +168,7 @@ def _hidden_marker(data: bytes, found: list) -> bool:
     decoded view hold another reference (a raw reference decodes to itself). The common body that
     carries its references plainly (every turn after a seal) is then not JSON-decoded as a whole
     (half a millisecond for 200 KB)."""
-    hits = _HIDDEN.find_matches_as_indexes(data)
+    hits = _HIDDEN.find(data)
     if not hits:
         return False
     starts = [f[0] for f in found]
