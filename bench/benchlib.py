@@ -120,7 +120,6 @@ def cpu_model() -> str:
 
 
 def machine() -> dict[str, str]:
-    import ahocorasick_rs  # noqa: F401
     from importlib.metadata import version
 
     try:
@@ -142,7 +141,6 @@ def machine() -> dict[str, str]:
         "cores": str(os.cpu_count()),
         "python": platform.python_version(),
         "mitmproxy": version("mitmproxy"),
-        "ahocorasick_rs": version("ahocorasick_rs"),
         "hyperscan": version("hyperscan"),
         "httpx": version("httpx"),
         "kernel": platform.release(),

@@ -303,7 +303,7 @@ def run(quick: bool) -> list[Row]:
         "— (informative)",
         None,
         f"8: {fmt_ms(median(times_clean[8]))}, 10: {fmt_ms(median(times_clean[10]))}; watches for a step at ~100 "
-        "patterns (from ahocorasick_rs's DFA-to-NFA switch; Hyperscan picks its literal matcher by count too)",
+        "patterns (Hyperscan picks its literal matcher by their number)",
     ))
 
     # 4. streaming 64 MiB in 16 KiB chunks ------------------------------------------------------

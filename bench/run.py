@@ -122,7 +122,7 @@ def render(results: dict) -> str:
             "",
             f"- date: {data['date']} ({data['mode']} run, {data['seconds']:.0f} s); commit {m['commit']}",
             f"- machine: {m['cpu']}, {m['cores']} cores, Linux {m['kernel']}",
-            f"- Python {m['python']}, mitmproxy {m['mitmproxy']}, hyperscan {m.get('hyperscan', '-')}, ahocorasick_rs {m['ahocorasick_rs']}, httpx {m['httpx']}",
+            f"- Python {m['python']}, mitmproxy {m['mitmproxy']}, hyperscan {m.get('hyperscan', '-')}, httpx {m['httpx']}",
             f"- targets met: {met} of {targets}",
             "",
             ABOUT[section],
