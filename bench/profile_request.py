@@ -1,6 +1,6 @@
 """Per-request CPU of keyveil's hooks on a 200 KB JSON POST to api.anthropic.com, in process (not in `make bench`).
 
-    .venv/bin/python bench/profile_request.py [N] [--profile]
+    .venv/bin/python bench/profile_request.py [N] [--profile] [--size=BYTES]
 
 The home is made as the proxy bench makes it (`keyveil init`, 10 fake secrets
 set by `keyveil secret set`); the body is the proxy bench's (a conversation
@@ -9,7 +9,8 @@ mitmproxy.test.tflow and runs requestheaders, request, the injector, then a
 small JSON response through responseheaders and response. Prints the median
 CPU time (process_time) per round over N rounds, and the cost of building the
 flow alone (to subtract); --profile prints a cProfile of keyveil's functions.
-Values are generated per run and never printed.
+--size=BYTES: a body of about BYTES (below 20,000: the proxy bench's small
+JSON POST, `x` repeated). Values are generated per run and never printed.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def main() -> None:
     n = int(next((a for a in sys.argv[1:] if a.isdigit()), "500"))
     rng = random.Random()
     home = _home(rng)
-    body = json_body(rng, [b"{{secret:github/pat}}"], size=200_000)
+    size = int(next((a.removeprefix("--size=") for a in sys.argv[1:] if a.startswith("--size=")), "200000"))
+    body = json_body(rng, [b"{{secret:github/pat}}"], size=size) if size >= 20_000 else (
+        b'{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"' + b"x" * size + b'"}]}'
+    )
     from keyveil.addon import Keyveil
 
     addon = Keyveil()
