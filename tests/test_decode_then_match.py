@@ -8,6 +8,7 @@ original plaintext with the value replaced by its reference.
 import base64
 import json
 import random
+import re
 import secrets
 from urllib.parse import quote, unquote_to_bytes
 
@@ -399,3 +400,39 @@ def test_a_data_url_in_a_path_with_plain_plus_and_escaped_punctuation(plain_valu
     assert head == b"/v1/files/data:application/octet-stream"
     decoded = base64.b64decode(tail + b"=" * (-len(tail) % 4))
     assert decoded == payload.replace(plain_value, REF)
+
+
+def test_lf_wrapped_base64_after_an_escaped_line_break(plain_value):
+    """`note.%0A` and then a block wrapped with plain LFs (`base64.encodebytes`), in a
+    buffer with another escape that matters: the layer above escaped one break and
+    left the block's own plain. The block is one block all the same. (It leaked: read
+    as lines ended at each plain break, none of them long enough for the value.)"""
+    payload = b"x" * 40 + b"user:" + plain_value + b"y" * 90
+    body = b"note.%0A" + base64.encodebytes(payload) + b" a%2Fb"
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+        text = unquote_to_bytes(sealed)
+        head, _, rest = text.partition(b"\n")
+        block, _, tail = rest.rpartition(b"\n")
+        assert head == b"note." and tail == b" a/b"
+        lines = block.split(b"\n")
+        assert all(len(line) == 76 for line in lines[:-1]) and len(lines[-1]) <= 76
+        assert base64.b64decode(block) == payload.replace(plain_value, REF)
+
+
+@pytest.mark.parametrize("after", [b" a%2Fb", b"%20end"])
+def test_a_literal_percent_before_base64_that_starts_with_two_hex_digits(plain_value, after):
+    """`100%` and then base64 whose first two characters are hex digits (`12do…`): the
+    percent view reads `%12` as an escape and decodes the run two characters late,
+    so the run is looked at as it stands too. (It leaked, one payload in five.)"""
+    rng = random.Random(12)
+    payloads = []
+    while len(payloads) < 16:
+        payload = rng.randbytes(1) + plain_value + rng.randbytes(rng.randrange(0, 20))
+        if re.fullmatch(rb"[0-9A-Fa-f]{2}", base64.b64encode(payload)[:2]):
+            payloads.append(payload)
+    for payload in payloads:
+        body = b"done: 100%" + base64.b64encode(payload) + after
+        for sealed in seal_both(Sealer({NAME: [plain_value]}), body):
+            assert sealed.startswith(b"done: 100%") and sealed.endswith(after)
+            run = sealed[len(b"done: 100%") : len(sealed) - len(after)]
+            assert base64.b64decode(run) == payload.replace(plain_value, REF)

@@ -209,12 +209,27 @@ class Sealer:
                 # the runs read with `+` as a base64 character are looked at too
                 # (and written back as the client wrote them).
                 runs += [(Run(r.start, r.end, r.padding, True), False) for r in runs_of(lines, self._min_run)]
+            if layout is not None:
+                # A block whose every line break the layer above left plain is one block
+                # all the same, when another break was escaped (`note.%0A` before it):
+                # its lines are looked at together where the layout's runs found nothing.
+                known = {(r.start, r.end) for r, _ in runs}
+                runs += [
+                    (Run(r.start, r.end, r.padding, True), plus)
+                    for r in runs_of(data, self._min_run, plus=plus)
+                    if (r.start, r.end) not in known
+                ]
             for run, escape_plus in runs:
                 whole_in = views
                 if spaced_only and b"+" in data[run.start : run.end]:
                     whole_in = views.removesuffix(b"%+")
                 if whole_in and _touches(data, run.start, run.end + run.padding, whole_in):
-                    continue
+                    if not (b"%" in whole_in and _after_percent(data, run.start)):
+                        continue
+                    # `100%` glued before base64 that starts with two hex digits: the
+                    # percent view reads an escape and loses them, and this run may
+                    # be whole here only. Looked at where the views found nothing.
+                    run = Run(run.start, run.end, run.padding, True)
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
                 if run.alternative and overlap:
                     # Another reading of these bytes found a value: it stands, unless
@@ -702,6 +717,15 @@ def _touches(data: bytes, start: int, end: int, escapes: bytes = b"\\%+") -> boo
     return bool(before and before in escapes) or bool(after and after in escapes) or (
         b"%" in escapes and start >= 3 and data[start - 3 : start - 2] == b"%"
     )
+
+
+def _after_percent(data: bytes, start: int) -> bool:
+    """Whether a `%` sits right before START and the two characters from START are hex digits:
+    an escape to the percent view, which then reads the text from two characters later."""
+    return data[start - 1 : start] == b"%" and _HEX_PAIR.fullmatch(data, start, start + 2) is not None
+
+
+_HEX_PAIR = re.compile(rb"[0-9A-Fa-f]{2}")
 
 
 def _is_text(data: bytes) -> bool:
