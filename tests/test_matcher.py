@@ -1,5 +1,6 @@
 """The literal matcher against the plainest reference there is: bytes.find at every offset."""
 
+import random
 import threading
 
 from hypothesis import given, settings
@@ -93,3 +94,16 @@ def test_threads_scan_one_matcher_at_once():
         t.join()
     assert not errors
     assert len(results) == 800 and all(r == [(7, 20000, 20007)] for r in results)
+
+
+def test_long_patterns_are_found_whole():
+    """Hyperscan limits an expression's size: a value of 64 KiB (a key file) is found by its
+    head and confirmed whole; a buffer holding only its head does not match."""
+    rng = random.Random(5)
+    long_value = rng.randbytes(65536)
+    twin = long_value[:-1] + bytes([long_value[-1] ^ 1])  # the same head, another last byte
+    matcher = Matcher([long_value, b"short-one"])
+    data = b"a" + twin + b" b " + long_value + b" short-one"
+    start = len(twin) + 4
+    assert matcher.find(data) == [(0, start, start + len(long_value)), (1, len(data) - 9, len(data))]
+    assert matcher.find(b"a" + twin) == [] and matcher.any(b"a" + twin)  # any(): the head occurs

@@ -57,19 +57,35 @@ class Literals:
     def __init__(self, patterns: Sequence[bytes]) -> None:
         self.patterns = list(patterns)
         self._lengths = [len(p) for p in self.patterns]
-        self._scanner = Scanner([escaped(p) for p in self.patterns])
+        # Hyperscan limits an expression's size (about 16,000 positions; 4,890 random
+        # bytes): a longer pattern is looked for by its first _LITERAL_MAX bytes, and
+        # each occurrence of those is confirmed whole.
+        self._long = any(n > _LITERAL_MAX for n in self._lengths)
+        self._scanner = Scanner([escaped(p[:_LITERAL_MAX]) for p in self.patterns])
 
     def __len__(self) -> int:
         return len(self.patterns)
 
     def any(self, data: bytes) -> bool:
-        """True when DATA holds a pattern: one scan, stopped at the first match."""
+        """True when DATA may hold a pattern (it holds one, or the head of a long one): one
+        scan, stopped at the first match."""
         return self._scanner.any(data)
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(pattern index, start, end) of every occurrence, in the order of their ends."""
         lengths = self._lengths
-        return [(index, end - lengths[index], end) for index, _, end in self._scanner.find(data)]
+        if not self._long:
+            return [(index, end - lengths[index], end) for index, _, end in self._scanner.find(data)]
+        found = []
+        for index, _, end in self._scanner.find(data):
+            length = lengths[index]
+            start = end - min(length, _LITERAL_MAX)
+            if length <= _LITERAL_MAX or data.startswith(self.patterns[index], start):
+                found.append((index, start, start + length))
+        return found
+
+
+_LITERAL_MAX = 1024
 
 
 class Matcher:
@@ -91,7 +107,7 @@ class Matcher:
         return len(self.patterns)
 
     def any(self, data: bytes) -> bool:
-        """True when DATA holds a pattern: one scan, stopped at the first match."""
+        """True when DATA may hold a pattern (``Literals.any``)."""
         return self._literals.any(data)
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
