@@ -158,3 +158,27 @@ def test_encoded_text_assigned_to_a_secret_name_is_read_in_its_decoded_view():
     for text in ("%7B%22model%22%3A%22m%22%7D", "ex%70o%72t+G%49T%48U", url):
         assert not looks_random(text.encode()), text
     assert looks_random(base64.b64encode(os.urandom(24)))  # base64 of random bytes: random
+
+
+@pytest.mark.parametrize("wrap", ["lf", "crlf", "json"])
+def test_one_line_of_wrapped_base64_text_is_not_an_assigned_value(rd, wrap):
+    """`TOKEN=` and then base64 of text wrapped at 76 (a file's content): the first
+    line is no value (learning it sealed a piece of every later carrier of the same
+    block, soak seed 2250711808); a token the text holds is found in its decoding."""
+    text, value = samples("github-pat")[0]
+    content = ("the deploy log says\n" * 12 + text + "\nplease build again\n" * 8).encode()
+    block = base64.encodebytes(content).decode()
+    carrier = {
+        "lf": "TOKEN=" + block,
+        "crlf": "TOKEN=" + block.replace("\n", "\r\n"),
+        "json": json.dumps({"env": "TOKEN=" + block}),
+    }[wrap].encode()
+    assert [(f.kind, f.value) for f in rd.find([carrier])] == [("github-pat", value.encode())]
+
+
+def test_one_line_of_wrapped_base64_of_binary_is_still_an_assigned_value(rd):
+    """A block that decodes to binary may be key material: its first line stays a
+    detection (a false seal costs a reference, a miss the key)."""
+    block = base64.encodebytes(bytes(range(256)) * 2).decode()
+    (found,) = rd.find([("PRIVATE_KEY=" + block).encode()])
+    assert found.kind == "assignment" and found.value == block.split("\n")[0].encode()

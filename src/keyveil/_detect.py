@@ -18,6 +18,7 @@ repr or an exception: only kinds, offsets and lengths.
 from __future__ import annotations
 
 import base64
+import binascii
 import difflib
 import functools
 import hashlib
@@ -519,6 +520,34 @@ _KEYWORD_TAIL = rb"[A-Za-z0-9_.\-]{0,64}(?:\\?[\"'])?[ \t]{0,16}[:=?]"
 _NAME_BYTES = bytes(1 if (_WORD[b] or b in b"_.-") else 0 for b in range(256))
 
 
+# After a value: a line break (raw or JSON-escaped) and the next line of a wrapped base64 block.
+_NEXT_LINE = re.compile(rb"(?:\r\n|\n|\\r\\n|\\n)(?P<line>[A-Za-z0-9+/_-]+)")
+_PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+
+
+def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
+    """Whether DATA[START:END] is the first line of a wrapped base64 block that decodes to text
+    (`TOKEN=` before a block of 76-character lines): one line is no value, and a token the text
+    holds is found where the block is decoded. A block that decodes to binary (key material) is
+    left to the randomness test: a false seal costs less than a miss."""
+    width = end - start
+    if width < 16:
+        return False
+    m = _NEXT_LINE.match(data, end)
+    if m is None or m.end("line") - m.start("line") != width:
+        return False
+    chars = bytes(data[start:end]) + bytes(m.group("line"))
+    chars = chars.translate(_TO_STANDARD)[: len(chars) // 4 * 4]
+    try:
+        decoded = binascii.a2b_base64(chars, strict_mode=True)
+    except binascii.Error:
+        return False
+    return len(decoded.translate(None, _PRINTABLE)) <= len(decoded) // 20
+
+
+_TO_STANDARD = bytes.maketrans(b"-_", b"+/")
+
+
 @dataclass(frozen=True, slots=True)
 class _Shape:
     rank: int
@@ -631,6 +660,8 @@ class Detector:
     def _assigned(self, data, start: int, m: re.Match, found: list) -> None:
         group = "quoted" if m.start("quoted") >= 0 else "bare"
         s, e = m.span(group)
+        if _a_line_of_encoded_text(data, s, e):
+            return  # base64 of text, wrapped: what it holds is detected in its decoding (the views)
         value = bytes(data[s:e])
         for named in self._named:
             if named.regex.fullmatch(value) and named.names.search(_name_at(data, start, m.end("rest"))):
