@@ -223,14 +223,15 @@ class Sealer:
                 whole_in = views
                 if spaced_only and b"+" in data[run.start : run.end]:
                     whole_in = views.removesuffix(b"%+")
-                if whole_in and _touches(data, run.start, run.end + run.padding, whole_in):
-                    if not (b"%" in whole_in and _after_percent(data, run.start)):
-                        continue
-                    # `100%` glued before base64 that starts with two hex digits: the
-                    # percent view reads an escape and loses them, and this run may
-                    # be whole here only. Looked at where the views found nothing.
-                    run = Run(run.start, run.end, run.padding, True)
+                # A run an escape cuts or touches is whole in the view that decodes the
+                # escape, where it was looked at already; unless the decoding changed
+                # the run itself (`100%12…`: its first two characters read as an escape;
+                # `…%253D`: a `=` glued to it one layer down). So it is looked at here
+                # too, where no view found a value.
+                touched = bool(whole_in) and _touches(data, run.start, run.end + run.padding, whole_in)
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
+                if touched and overlap:
+                    continue
                 if run.alternative and overlap:
                     # Another reading of these bytes found a value: it stands, unless
                     # this is a form's run read with `+` as base64 and the other one
@@ -717,15 +718,6 @@ def _touches(data: bytes, start: int, end: int, escapes: bytes = b"\\%+") -> boo
     return bool(before and before in escapes) or bool(after and after in escapes) or (
         b"%" in escapes and start >= 3 and data[start - 3 : start - 2] == b"%"
     )
-
-
-def _after_percent(data: bytes, start: int) -> bool:
-    """Whether a `%` sits right before START and the two characters from START are hex digits:
-    an escape to the percent view, which then reads the text from two characters later."""
-    return data[start - 1 : start] == b"%" and _HEX_PAIR.fullmatch(data, start, start + 2) is not None
-
-
-_HEX_PAIR = re.compile(rb"[0-9A-Fa-f]{2}")
 
 
 def _is_text(data: bytes) -> bool:

@@ -757,6 +757,17 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         yield first_start, lines[j][1], False
         if tail:
             yield first_start, lines[j + 1][1], True
+        elif (
+            j + 1 < len(lines)
+            and width >= _MIN_WIDTH
+            and lines[j + 1][1] - lines[j + 1][0] > width
+            and _single_break(data, lines[j][1], lines[j + 1][0])
+        ):
+            # A last line longer than the block's: text glued after the block
+            # (`…/details` in a path) may have joined it. Its first WIDTH characters
+            # are the block's last line in this reading, looked at when the usual
+            # one finds nothing.
+            yield first_start, lines[j + 1][0] + width, True
         i = j + 1
 
 
