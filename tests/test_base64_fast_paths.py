@@ -2,8 +2,8 @@
 
 A 1 MiB image wrapped at 76 columns is found, counted and decoded at C speed:
 one comparison of its byte classes checks every line break's place
-(``_one_block``), one Hyperscan scan finds where the next run or narrow
-wrapping starts, LF or CRLF (``base64_runs``), and the run is decoded as it stands, line breaks and
+(``_one_block``), one Hyperscan scan finds the next buffer segment long enough
+to hold a run (``base64_runs``), and the run is decoded as it stands, line breaks and
 padding and all (``Base64View``). Each is checked here against a plain
 restatement of what it stands for, and the whole against the standard
 library: carriers are built with ``base64`` at random widths (12-120, LF
@@ -177,9 +177,10 @@ _PIECES = st.sampled_from([
 @example(data=b"QUJDREVGSElK\n" * 4 + b"x", min_chars=40, plus=True)  # LF lines of the narrowest width
 @example(data=b" " + b"A" * 47 + b" " + b"B" * 48, min_chars=60, plus=False)  # the seed is 48
 def test_base64_runs_looks_at_every_segment_holding_a_seed_or_a_wrapped_line(data, min_chars, plus):
-    """base64_runs asks Hyperscan where the next segment with a seed or a wrapped line
-    is (one scan from where it stands, stopped at the first match): it finds the same
-    runs as a search of every segment for the same patterns over the byte classes."""
+    """base64_runs asks Hyperscan only where the next segment of alphabet bytes and line
+    breaks at least SEED long is (a superset of those that can hold a run): it finds
+    the same runs as a search of every segment holding a seed or a wrapped line over
+    the byte classes, the way base64_runs found them before."""
     assert list(base64_runs(data, min_chars, plus=plus)) == _slow_runs(data, min_chars, plus)
 
 
@@ -191,7 +192,7 @@ def test_base64_runs_looks_at_every_segment_holding_a_seed_or_a_wrapped_line(dat
     window=st.integers(49, 160),
 )
 def test_runs_are_found_across_the_scan_windows(data, min_chars, plus, window):
-    """The search goes over windows that overlap by the longest head: a head across
+    """The search goes over windows that overlap by the longest match: one across
     the edge of one is whole in the next (windows made small here, so that the
     generated buffers span many)."""
     saved = matcher_module._WINDOW

@@ -165,7 +165,7 @@ class Occurs:
                 return pos + min(ends)
             if pos + _WINDOW >= len(data):
                 break
-            pos += _WINDOW - self._longest
+            pos += max(1, _WINDOW - self._longest)
         return -1
 
 

@@ -637,13 +637,13 @@ _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64,
 
 @functools.cache
 def _run_heads(seed: int, plus: bool) -> Occurs:
-    """Where base64_runs starts a run: SEED alphabet bytes in a row, or a line of
-    at least _MIN_WIDTH, its line break (LF or CRLF) and the next line's first character."""
+    """Where base64_runs may find a run: SEED bytes in a row that are alphabet bytes
+    or line breaks. Every run lies in a buffer segment of such bytes at least as long
+    as the run (and SEED is no longer than that): a segment without SEED of them holds
+    none, and most text has no such segment at all (words, short lines)."""
     classes = B64_CLASSES_PLUS if plus else B64_CLASSES
-    alphabet = byte_class(bytes(b for b in range(256) if classes[b] == 1))
-    breaks = byte_class(bytes(b for b in range(256) if classes[b] == 2))
-    heads = [b"%s{%d}" % (alphabet, seed), b"%s{%d}%s{1,2}%s" % (alphabet, _MIN_WIDTH, breaks, alphabet)]
-    return Occurs(heads, longest=max(seed, _MIN_WIDTH + 3))
+    segment = byte_class(bytes(b for b in range(256) if classes[b]))
+    return Occurs([b"%s{%d}" % (segment, seed)], longest=seed)
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
