@@ -556,3 +556,8 @@ def test_the_letter_pair_table_is_what_the_standard_library_gives():
     off = [(a, b) for a, b in cells if a != b]
     assert all(abs(int(a, 16) - int(b, 16)) == 1 for a, b in off), off
     assert len(off) <= 0.03 * len(cells), f"{len(off)} of {len(cells)} cells differ"
+
+
+def test_the_detector_describes_itself_without_values(detector):
+    text = repr(detector)
+    assert text.startswith("<Detector kinds=") and "literals=" in text

@@ -622,7 +622,7 @@ class Detector:
         self._assign = re.compile(_ASSIGN.pattern.replace(b"{8,}+", b"{%d,}+" % max(1, shortest - 3)))
 
     def __repr__(self) -> str:
-        return f"<Detector kinds={len(self.entries) + 1} literals={len(self._literals)}>"
+        return f"<Detector kinds={len(self.entries) + 1} literals={len(self._lengths)}>"
 
     @property
     def kinds(self) -> list[str]:
