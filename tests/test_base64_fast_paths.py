@@ -300,3 +300,22 @@ def test_runs_and_views_of_a_mime_block_are_whole():
     out = data[: edit.start] + edit.replacement + data[edit.end :]
     assert base64.b64decode(out) == new
     assert binascii.a2b_base64(out) == new and all(len(line) == 76 for line in out.split(b"\n")[:-2])
+
+
+def test_a_line_that_cannot_end_an_encoding_takes_the_word_after_it():
+    """One full line and a last line of lower-case letters: `…AAB` leaves set the
+    bits of its last character that hold no byte, which no encoder writes at the end
+    of a text, so `bang` below it is the block's last line, not a word (hypothesis
+    found it; it broke the round trip before). A line that may end a text keeps the
+    word after it as text (`…\\nsays`)."""
+    value = b"kv_" + secrets.token_urlsafe(24).encode()
+    sealer = Sealer({NAME: [value]})
+    payload = value + b"\x00" * 14 + b"\x16\xda\x9e"
+    text = base64.b64encode(payload).rstrip(b"=")
+    assert text[66:] == b"bang"
+    sealed = sealer.seal(text[:66] + b"\n" + text[66:]).data
+    assert _std_decode(sealed) == payload.replace(value, REF)
+    line = base64.b64encode(value + b"\x00")  # 48 characters: whole groups, it may end a text
+    sealed = sealer.seal(line + b"\nsays").data
+    head, _, word = sealed.partition(b"\n")
+    assert word == b"says" and base64.b64decode(head) == REF + b"\x00"

@@ -239,6 +239,7 @@ NOT_SECRETS = [
     "credentials_provider = botocore.credentials.InstanceMetadataProvider",
     "the token budget is 200000 tokens per minute",
     "monkey_name = 'aaaaaaaaaaaaaaaaaaaaaaaa'",
+    '            "token_reviewer_jwt": token_reviewer_jwt,',  # hvac passes a variable on
 ]
 
 

@@ -663,10 +663,13 @@ class Detector:
         if _a_line_of_encoded_text(data, s, e):
             return  # base64 of text, wrapped: what it holds is detected in its decoding (the views)
         value = bytes(data[s:e])
+        name = _name_at(data, start, m.end("rest"))
         for named in self._named:
-            if named.regex.fullmatch(value) and named.names.search(_name_at(data, start, m.end("rest"))):
+            if named.regex.fullmatch(value) and named.names.search(name):
                 found.append((named.rank, s, e, named.kind))
                 return
+        if value.rstrip(b",;") == name:
+            return  # `"token_reviewer_jwt": token_reviewer_jwt,`: code passing a variable on
         if looks_random(value, self._min_length, self._min_entropy):
             found.append((self._assignment_rank, s, e, self.assignment_kind))
 

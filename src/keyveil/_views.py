@@ -749,7 +749,10 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         # too, unless it reads as a word at all (only lower-case letters, no
         # padding after it), which base64 rarely is and text often is. Either
         # way the other reading is looked at when this one finds nothing.
-        if tail and not (_word_like(data, *lines[j + 1]) and (j == i or _text_after_block(data, *lines[j + 1]))):
+        if tail and not (
+            _word_like(data, *lines[j + 1])
+            and ((j == i and _ends_an_encoding(data, *lines[j])) or _text_after_block(data, *lines[j + 1]))
+        ):
             yield first_start, lines[j + 1][1], False
             yield first_start, lines[j][1], True
             i = j + 2
@@ -800,6 +803,26 @@ def _text_after_block(data: bytes, start: int, end: int) -> bool:
     lower-case letters, and prose goes on after it (a space or a punctuation
     mark, not a line break, quote or padding)."""
     return end - start >= 4 and _word_like(data, start, end) and data[end : end + 1] in (b" ", b":", b",", b".", b";", b"!", b"?")
+
+
+def _ends_an_encoding(data: bytes, start: int, end: int) -> bool:
+    """Whether the line START..END may end a base64 text: an encoder leaves the bits
+    of a last character that hold no byte zero (`…AAB` cannot end one: `B` holds a
+    1 in them), so a line that leaves them set goes on on the next line."""
+    chars = (end - start) % 4
+    if chars == 0:
+        return True
+    if chars == 1:
+        return False  # no base64 text is one character past a group
+    return _SEXTET[data[end - 1]] & (0x0F if chars == 2 else 0x03) == 0
+
+
+_SEXTET = bytes(
+    (b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".find(bytes([b])) % 64)
+    if bytes([b]) in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    else (62 if b == ord("-") else 63 if b == ord("_") else 0)
+    for b in range(256)
+)
 
 
 def _single_break(data: bytes, end: int, start: int) -> bool:
