@@ -559,6 +559,6 @@ def test_the_letter_pair_table_is_what_the_standard_library_gives():
     assert len(off) <= 0.03 * len(cells), f"{len(off)} of {len(cells)} cells differ"
 
 
-def test_the_detector_describes_itself_without_values(detector):
+def test_the_detector_has_a_short_repr(detector):
     text = repr(detector)
     assert text.startswith("<Detector kinds=") and "literals=" in text

@@ -18,7 +18,6 @@ repr or an exception: only kinds, offsets and lengths.
 from __future__ import annotations
 
 import base64
-import binascii
 import difflib
 import functools
 import hashlib
@@ -32,15 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import hyperscan
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from keyveil._errors import RulesError, UsageError
 from keyveil._matcher import Scanner, escaped
@@ -537,15 +528,11 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
     if m is None or m.end("line") - m.start("line") != width:
         return False
     chars = bytes(data[start:end]) + bytes(m.group("line"))
-    chars = chars.translate(_TO_STANDARD)[: len(chars) // 4 * 4]
     try:
-        decoded = binascii.a2b_base64(chars, strict_mode=True)
-    except binascii.Error:
+        decoded = decode_base64(chars[: len(chars) // 4 * 4], strict=True)
+    except ValueError:
         return False
     return len(decoded.translate(None, _PRINTABLE)) <= len(decoded) // 20
-
-
-_TO_STANDARD = bytes.maketrans(b"-_", b"+/")
 
 
 @dataclass(frozen=True, slots=True)

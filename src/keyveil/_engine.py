@@ -31,11 +31,7 @@ from ._matcher import Literals, Matcher
 from ._references import format_reference
 from ._views import (
     _STD_TO_URL as _TO_URL,
-)
-from ._views import (
     _URL_TO_STD as _TO_STD,
-)
-from ._views import (
     B64_ALPHABET,
     Base64View,
     Edit,

@@ -23,13 +23,7 @@ class Scanner:
     that match often in ordinary text belong in a narrower form."""
 
     def __init__(self, expressions: Sequence[bytes], flags: Sequence[int] | None = None) -> None:
-        self._database = None
-        if expressions:
-            self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            self._database.compile(
-                expressions=list(expressions), ids=list(range(len(expressions))), elements=len(expressions),
-                flags=list(flags) if flags is not None else 0,
-            )
+        self._database = _compiled(expressions, list(flags) if flags is not None else 0) if expressions else None
         self._scratch = _Scratches(self._database)
 
     def any(self, data: bytes) -> bool:
@@ -128,29 +122,23 @@ class Matcher:
         return _leftmost_longest(confirmed)
 
 
-class Occurs:
-    """Whether, and where first, any of EXPRESSIONS (Hyperscan regular expressions
-    over bytes, none matching more than LONGEST bytes) occurs in a buffer."""
+class FirstMatch:
+    """Where the first match of any of EXPRESSIONS (Hyperscan regular expressions
+    over bytes, none matching more than LONGEST bytes) ends in a buffer."""
 
     def __init__(self, expressions: Sequence[bytes], longest: int) -> None:
-        self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._database.compile(
-            expressions=list(expressions), ids=list(range(len(expressions))), elements=len(expressions),
-            flags=hyperscan.HS_FLAG_SINGLEMATCH,
-        )
+        self._database = _compiled(expressions, hyperscan.HS_FLAG_SINGLEMATCH)
         self._scratch = _Scratches(self._database)
         self._longest = longest
-
-    def __call__(self, data: bytes) -> bool:
-        return _occurs(self._database, self._scratch, data)
 
     def first_end(self, data: bytes, pos: int = 0) -> int:
         """Where the match in DATA[POS:] that ends first ends, or -1.
 
         Looked for in windows of _WINDOW bytes, each overlapping the one before
-        by LONGEST: Hyperscan's engines for repeated classes run over the whole
-        block they are given before a match stops the scan, so a buffer read
-        from one hit to the next would cost a pass over its rest at each hit."""
+        by LONGEST. A scan reads the whole block it is given (matches of several
+        expressions are not promised in order, so the first one reported does
+        not stop it): a buffer read from one hit to the next in one block would
+        cost a pass over its rest at each hit."""
         view = memoryview(data)
         ends: list[int] = []
 
@@ -170,6 +158,13 @@ class Occurs:
 
 
 _WINDOW = 1 << 15
+
+
+def _compiled(expressions: Sequence[bytes], flags: int | list[int]) -> hyperscan.Database:
+    """A block-mode database of EXPRESSIONS, each one's index its id."""
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(expressions=list(expressions), ids=list(range(len(expressions))), elements=len(expressions), flags=flags)
+    return database
 
 
 def _occurs(database: hyperscan.Database, scratch: _Scratches, data: bytes) -> bool:

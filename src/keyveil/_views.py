@@ -28,7 +28,7 @@ from json.decoder import JSONDecodeError, scanstring
 
 import pybase64
 
-from ._matcher import Occurs, byte_class
+from ._matcher import FirstMatch, byte_class
 
 B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
 _STD_TO_URL = bytes.maketrans(b"+/", b"-_")
@@ -546,8 +546,8 @@ class Run:
 def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False) -> Iterator[Run]:
     """Every run of at least MIN_CHARS base64 characters; wrapped blocks joined across their line breaks.
 
-    A run is found by SEED consecutive alphabet bytes (or MIN_CHARS, if
-    fewer), then grown both ways over alphabet bytes and line breaks. Lines
+    A run is looked for in each buffer segment of alphabet bytes and line
+    breaks at least SEED long (or MIN_CHARS, if fewer). Lines
     are joined into one run only as a wrapper writes them: every line but
     the last of the same width (at least ``_MIN_WIDTH``), the last no longer.
     A word on the line before a block, or a token on the line after it, is
@@ -557,8 +557,8 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     classes = None
     pos = 0
     while True:
-        # Inside the first buffer segment (alphabet bytes and line breaks) from
-        # POS on that holds a seed or a wrapped line: most text has none at all.
+        # Inside the next buffer segment (alphabet bytes and line breaks) long
+        # enough to hold a run (_run_heads): most text has none at all.
         hit = heads.first_end(data, pos) - 1
         if hit < 0:
             break
@@ -636,14 +636,14 @@ _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64,
 
 
 @functools.cache
-def _run_heads(seed: int, plus: bool) -> Occurs:
+def _run_heads(seed: int, plus: bool) -> FirstMatch:
     """Where base64_runs may find a run: SEED bytes in a row that are alphabet bytes
     or line breaks. Every run lies in a buffer segment of such bytes at least as long
     as the run (and SEED is no longer than that): a segment without SEED of them holds
     none, and most text has no such segment at all (words, short lines)."""
     classes = B64_CLASSES_PLUS if plus else B64_CLASSES
     segment = byte_class(bytes(b for b in range(256) if classes[b]))
-    return Occurs([b"%s{%d}" % (segment, seed)], longest=seed)
+    return FirstMatch([b"%s{%d}" % (segment, seed)], longest=seed)
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
@@ -817,12 +817,8 @@ def _ends_an_encoding(data: bytes, start: int, end: int) -> bool:
     return _SEXTET[data[end - 1]] & (0x0F if chars == 2 else 0x03) == 0
 
 
-_SEXTET = bytes(
-    (b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".find(bytes([b])) % 64)
-    if bytes([b]) in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-    else (62 if b == ord("-") else 63 if b == ord("_") else 0)
-    for b in range(256)
-)
+# Each base64 character's six bits, in either alphabet (`-_` are `+/`).
+_SEXTET = bytes(B64_ALPHABET.find(bytes([b]).translate(_URL_TO_STD)) if b in B64_ALPHABET else 0 for b in range(256))
 
 
 def _single_break(data: bytes, end: int, start: int) -> bool:
