@@ -56,6 +56,12 @@ What it does NOT produce (so a green run says nothing about these):
   ``pct`` layer (each of CR and LF is either always escaped or never);
 - text glued to a long payload's run inside one layer (``fix<run>build``): the
   lines of text around V meet the slot at line breaks only;
+- carrier text that continues a run where the slot ends: a base64 character
+  right after it (``<block>/details`` in a path), an escape that decodes to
+  one two layers down (``<run>%253D``), a literal ``%`` before a run that
+  starts with two hex digits (``100%12…``); the session-7 attack found leaks
+  there, pinned by tests in tests/test_decode_then_match.py instead;
+- a wrapped block whose first line is shorter than the lines after it;
 - JSON escapes of characters a JSON encoder cannot produce from V (invalid
   UTF-8, lone surrogates), overlong or invalid percent escapes, base64 with
   whitespace other than line breaks inside a run, or with non-zero pad bits;
