@@ -266,6 +266,18 @@ def test_secret_set_with_a_value_in_argv_does_not_echo_it(initialized: KV):
     assert "stdin" in r.err or "prompt" in r.err
 
 
+@pytest.mark.parametrize("lead", ["-", "--", "--x="])
+def test_secret_set_with_an_argv_value_that_looks_like_an_option_is_refused_the_same_way(initialized: KV, lead: str):
+    # a generated value starting with "-" once went to argparse's "unrecognized arguments" instead
+    kv = initialized
+    value = lead + kv.new_value()
+    r = kv("secret", "set", "github/pat", value)
+    assert r.returncode == 1
+    assert value not in r.out + r.err and value[len(lead):] not in r.out + r.err
+    assert "stdin" in r.err
+    assert kv.vault_values() == {}
+
+
 def test_secret_list_shows_names_versions_and_bindings_never_values(initialized: KV):
     kv = initialized
     assert "no secrets" in kv("secret", "list").out

@@ -130,7 +130,7 @@ def cmd_secret(args) -> int:
         return run_adopt(home, args.detected, args.name, out=_out)
     vault = open_vault(home.root)
     if args.action == "set":
-        if args.value is not None:
+        if args.value:
             raise UsageError(
                 "secret set takes no value argument (argv is visible to other processes): "
                 "pipe the value on stdin or type it at the hidden prompt"
@@ -584,8 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (("set", "store a value (hidden prompt or stdin)"), ("rm", "forget a secret"), ("ref", "print the reference")):
         p = ssub.add_parser(action, help=text)
         p.add_argument("name")
-        if action == "set":  # only to refuse it without echoing it back
-            p.add_argument("value", nargs="?", help=argparse.SUPPRESS)
+        if action == "set":  # only to refuse it without echoing it back; REMAINDER also takes a value that starts with "-"
+            p.add_argument("value", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ssub.add_parser("list", help="names, versions and bindings (never values)")
     imp = ssub.add_parser("import", help="register the secret-looking entries of a .env file")
     imp.add_argument("file", metavar="FILE")
