@@ -6,7 +6,8 @@ The home is made as the proxy bench makes it (`keyveil init`, 10 fake secrets
 set by `keyveil secret set`); the body is the proxy bench's (a conversation
 holding a reference, x-api-key a reference). Each round builds a flow with
 mitmproxy.test.tflow and runs requestheaders, request, the injector, then a
-small JSON response through responseheaders and response. Prints the median
+small JSON response through responseheaders, its body through the
+stream keyveil set (as mitmproxy feeds it), and response. Prints the median
 CPU time (process_time) per round over N rounds, and the cost of building the
 flow alone (to subtract); --profile prints a cProfile of keyveil's functions.
 --size=BYTES: a body of about BYTES (below 20,000: the proxy bench's small
@@ -78,8 +79,12 @@ def main() -> None:
             addon.late.request(f)
             if f.response is not None:
                 raise SystemExit(f"the bench request was blocked: {f.response.content[:200]!r}")
-            f.response = http.Response.make(200, b'{"content": [{"type": "text", "text": "hi"}]}', {"content-type": "application/json"})
+            reply = b'{"content": [{"type": "text", "text": "hi"}]}'
+            f.response = http.Response.make(200, reply, {"content-type": "application/json"})
             addon.responseheaders(f)
+            if callable(f.response.stream):  # as mitmproxy runs a streamed body: its chunks, then b""
+                f.response.stream(reply)
+                f.response.stream(b"")
             addon.response(f)
             return f
 

@@ -365,6 +365,43 @@ def test_scrubbed_responses_keep_the_connection_alive(proxy, up):
     assert r.stdout.count(b"connects=0") == 2, r.stdout  # the 2nd and 3rd reuse the connection
 
 
+def _known_length_responses(pat: bytes) -> list[tuple[str, dict, bytes, bytes]]:
+    """(name, headers, wire body, scrubbed decoded body): small and large, plain and gzip, all with a Content-Length."""
+    small = b"your token: " + pat + b" ok"
+    large = b"x" * 100_000 + b" " + pat + b" " + b"y" * 100
+    cases = []
+    for name, body in (("small", small), ("large", large)):
+        want = body.replace(pat, b"{{secret:github/pat}}")
+        cases.append((name, {"content-type": "text/plain", "content-length": str(len(body))}, body, want))
+        packed = gzip.compress(body)
+        cases.append((name + "-gzip", {"content-type": "text/plain", "content-encoding": "gzip", "content-length": str(len(packed))}, packed, want))
+    return cases
+
+
+@pytest.mark.parametrize("stream_large_bodies", [None, "1"])
+def test_responses_of_known_length_are_scrubbed_read_whole_or_streamed(kv, upstream, tmp_path, stream_large_bodies):
+    """A small body of known length is read whole (it keeps a Content-Length); a larger one is streamed.
+    With stream_large_bodies, mitmproxy marks a body of known length for raw streaming before
+    responseheaders: keyveil must stream it itself, never read it whole and forward it raw."""
+    pat = kv.values["github/pat"]
+    options = {"stream_large_bodies": stream_large_bodies} if stream_large_bodies else {}
+    upstream.reset()
+    with keyveil_proxy(upstream, tmp_path, kv, options=options) as p:
+        for name, headers, wire, want in _known_length_responses(pat):
+            upstream.set_response("/respond", 200, headers, [wire], 0)
+            for http2 in (False, True):
+                with client(p, http2) as c:
+                    r = c.get("https://api.github.com/respond")
+                assert r.status_code == 200, (name, r.headers.get("x-keyveil-block"))
+                assert r.content == want, (name, http2)
+                assert pat not in r.content
+                small = name.startswith("small") and not stream_large_bodies
+                if small and not http2:  # read whole: framed by its (new) length, not chunked
+                    assert "transfer-encoding" not in r.headers, name
+                    if "gzip" not in name:
+                        assert r.headers.get("content-length") == str(len(want)), name
+
+
 def test_flow_in_flight_at_shutdown_is_stored_sealed(kv, upstream, tmp_path):
     """mitmproxy's save addon writes the flows still in progress when it stops."""
     import threading

@@ -6,12 +6,19 @@ sealer, decompressed on the way; a body keyveil cannot decode is replaced by
 an ``undecodable_body`` block, except where a response has no body (HEAD,
 204, 304, 1xx), whose Content-Encoding means nothing.
 
-One exception to streaming: a compressed body of known length within
-``max_body_bytes`` is read whole first. Its decoding can fail (a body that
-says gzip and is not), and only before the status line has gone out can
-the client get a clear ``undecodable_body`` instead of a cut connection.
-Compressed streams of unknown length (SSE) are still streamed: if one turns
-out not to decode, the connection is closed and the audit log says why.
+Two exceptions to streaming, both for bodies of known length:
+
+- A compressed body within ``max_body_bytes`` is read whole first. Its
+  decoding can fail (a body that says gzip and is not), and only before the
+  status line has gone out can the client get a clear ``undecodable_body``
+  instead of a cut connection. Compressed streams of unknown length (SSE) are
+  still streamed: if one turns out not to decode, the connection is closed
+  and the audit log says why.
+- A body of at most ``READ_WHOLE_BYTES`` is read whole too. A client gains
+  nothing from getting 64 KiB in pieces, and the body keeps its
+  Content-Length: a stream is re-framed as chunked, and each chunk, and the
+  chunked end, is a write of its own through mitmproxy's layers, which cost
+  more than keyveil's scrub of a small body (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from .. import _codecs
 from ._guard import Blocked, guarded
 from ._outputs import META, reframe
 from ._requests import _check_framing, charset_block, undecodable
+
+
+READ_WHOLE_BYTES = 64 * 1024
 
 
 class ResponsePhase:
@@ -52,11 +62,14 @@ class ResponsePhase:
         block = charset_block(resp.headers, None, host, response=True)
         if block is not None:
             raise Blocked(block)
-        if ce not in ("", "identity"):
-            size = resp.headers.get("content-length", "")
-            if size.isdigit() and int(size) <= engine.policy.max_body_bytes:
-                flow.metadata[META]["head_scrubbed"] = True
-                return  # read whole, decoded in `response`: a bad body gets a clear block
+        identity = ce in ("", "identity")
+        size = resp.headers.get("content-length", "")
+        # mitmproxy's stream_large_bodies marks a body for raw streaming before
+        # this hook: such a body is never left to be read whole (it would pass raw).
+        if not resp.stream and size.isdigit() and int(size) <= (READ_WHOLE_BYTES if identity else engine.policy.max_body_bytes):
+            flow.metadata[META]["head_scrubbed"] = True
+            return  # read whole, scrubbed (decoded first) in `response`: a bad body gets a clear block
+        if not identity:
             resp.headers.pop("content-encoding", None)
         reframe(flow, resp)
         resp.stream = self.addon.stream_callable(flow, decoder, engine.sealer.stream(), "response")
@@ -88,8 +101,8 @@ class ResponsePhase:
                 self.outputs.record(flow, "scrubbed", counts)
         if resp.stream or resp.headers.get("x-keyveil-block"):
             return
-        # Not streamed: a compressed body of known size, or made by an addon
-        # (or a block) after responseheaders. Scrubbed whole.
+        # Not streamed: a body of known size (compressed, or small), or made by
+        # an addon (or a block) after responseheaders. Scrubbed whole.
         if not flow.metadata.get(META, {}).pop("head_scrubbed", False):
             self._scrub_head(flow, resp)
         raw = resp.raw_content
