@@ -1,6 +1,8 @@
 """The literal matcher against the plainest reference there is: bytes.find at every offset."""
 
 import random
+import re
+import string
 import threading
 
 from hypothesis import given, settings
@@ -107,3 +109,41 @@ def test_long_patterns_are_found_whole():
     start = len(twin) + 4
     assert matcher.find(data) == [(0, start, start + len(long_value)), (1, len(data) - 9, len(data))]
     assert matcher.find(b"a" + twin) == [] and matcher.any(b"a" + twin)  # any(): the head occurs
+
+
+# -- the sealer's escape triggers: one Hyperscan scan, judged by Python's re ------------------------
+
+_TRIGGER_PIECES = [
+    b"\\n", b"\\r", b"\\r\\n", b"\\/", b"\\\\", b"\\\\/", b'\\"', b"\\t", b"\\u00", b"\\u4e2d", b"\\uD83D", b"\\u20ac",
+    b"%", b"%2F", b"%2b", b"%e2", b"%41", b"%4", b"A" * 12, b"abc", b"xyz+/", b"=", b" ", b"\n", b"\xe4\xb8\xad", b"-_",
+]
+
+
+@st.composite
+def _trigger_case(draw):
+    alphabet = string.ascii_letters + string.digits + "+/_-\"\\\n\t%\u20ac\u4e2d"
+    values = draw(st.lists(st.text(alphabet, min_size=4, max_size=12), min_size=1, max_size=3))
+    pieces = draw(st.lists(st.one_of(st.sampled_from(_TRIGGER_PIECES), st.binary(max_size=4)), max_size=30))
+    hexes = draw(st.lists(st.integers(0, 255), max_size=4))
+    data = b"".join(pieces) + b"".join(b"\\u00%02x%%%02X" % (h, h) for h in hexes)
+    return [v.encode() for v in values], data
+
+
+@given(_trigger_case())
+@settings(max_examples=400, deadline=None)
+def test_the_escape_triggers_find_what_python_re_finds(case):
+    """_AnyOf scans with Hyperscan; each of its patterns, and its literals, read
+    by Python's re and bytes.find, must give the same answer on every buffer."""
+    from keyveil._engine import _triggers
+
+    values, data = case
+    # The wrapped-base64 test was a lookbehind from the line break; Hyperscan has no
+    # lookaround, so it is written as the line, the break and what follows.
+    line = rb"[A-Za-z0-9+/_\\-]{12}"
+    lookbehind = rb"\\[nr](?<=" + line + rb"\\[nr])(?=[A-Za-z0-9+/_=-]|\\[/n])"
+    plain = line + rb"\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])"
+    assert plain in _triggers(values)[0].patterns
+    assert (re.search(lookbehind, data) is None) == (re.search(plain, data) is None)
+    for trigger in _triggers(values):
+        want = any(re.search(p, data) for p in trigger.patterns) or any(lit in data for lit in trigger.literals)
+        assert trigger.search(data) == want, (trigger.patterns, data)

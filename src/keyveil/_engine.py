@@ -27,7 +27,7 @@ from json import dumps as _json_dumps
 from urllib.parse import quote, unquote_to_bytes
 
 from ._errors import KeyveilError
-from ._matcher import Literals, Matcher
+from ._matcher import Matcher, Scanner, escaped
 from ._references import format_reference
 from ._views import (
     _STD_TO_URL as _TO_URL,
@@ -172,7 +172,7 @@ class Sealer:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
-        percent = text and b"%" in data and self._percent_trigger.search(data) is not None
+        percent = text and b"%" in data and self._percent_trigger.search(data)
         # The escapes whose views are built: a base64 run they cut or touch is
         # whole in those views, and looked at there only.
         views = b"\\" if json else b""
@@ -785,16 +785,15 @@ def _after_escape(data: bytes, run: Run) -> int:
     return escape_tail(data, run.start) % 4
 
 
-def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
+def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
     """Tests for the escapes that can matter: ones that decode to a byte of
     some value or of an encoding's own syntax. Any other escape (a CJK
     character, an ANSI colour code, a quote) cannot be part of a form, so a
     buffer holding only those needs no decoded view.
 
-    The JSON test is a few patterns, each starting with a literal (`\\u00`,
-    `\\n` …) that the regex engine finds at C speed: one pattern with an
-    alternation after `\\` would be tried at every backslash of a buffer
-    full of irrelevant escapes (ensure_ascii JSON of CJK text)."""
+    Each test is one Hyperscan scan of all its patterns, stopped at the first
+    match: a buffer full of irrelevant escapes (ensure_ascii JSON of CJK
+    text, prose with a `\\n` every few words) costs one pass in C."""
     relevant = set(_SYNTAX)
     values_bytes: set[int] = set()
     wide: set[int] = set()
@@ -827,14 +826,10 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, re.Pattern[bytes]]:
     patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
     # Base64 wrapped inside a JSON string: a line of base64 (`\\/` and doubled
     # backslashes count) as wide as the narrowest wrapping, a line break
-    # escape (`\\n`, `\\r`, `\\r\\n`), more base64. One pattern led by the lone
-    # backslash: the regex engine jumps from backslash to backslash at memchr
-    # speed, and looks at the line behind only after a `n` or `r` (not at each
-    # `\\u4e2d` of escaped CJK text); prose, with a `\\n` every few words,
-    # costs a third of what a `\\n`-led pattern does.
+    # escape (`\\n`, `\\r`, `\\r\\n`), more base64.
     line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
-    patterns.append(rf"\\[nr](?<={line}\\[nr])(?=[A-Za-z0-9+/_=-]|\\[/n])".encode())
-    percent_trigger = re.compile(("%" + _hex_alternatives("", relevant)).encode())
+    patterns.append(rf"{line}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])".encode())
+    percent_trigger = _AnyOf([("%" + _hex_alternatives("", relevant)).encode()])
     return _AnyOf(patterns, short_literals), percent_trigger
 
 
@@ -873,60 +868,17 @@ def _short_escapes(values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
 
 
 class _AnyOf:
-    """Whether any of several patterns occurs (each searched on its own, only
-    where its leading literal occurs: ``bytes.find`` runs at memory speed)."""
+    """Whether any of several patterns, or any of several literals, occurs in a
+    buffer: one Hyperscan scan, stopped at the first match."""
 
-    __slots__ = ("_patterns", "_literals", "_by_literal", "_direct")
+    __slots__ = ("_scanner", "literals", "patterns")
 
-    def __init__(self, patterns: list[bytes], literals: list[bytes] = ()) -> None:
-        compiled = [(_leading_literal(p), re.compile(p)) for p in patterns]
-        # A line break escape is common in prose (`\\n` every few lines): the
-        # pattern led by a lone backslash is searched directly (the regex
-        # engine finds each backslash at memchr speed and checks the
-        # lookbehind there) rather than listing every occurrence.
-        self._direct = [p for literal, p in compiled if literal == b"\\" and b"(?<=" in p.pattern]
-        compiled = [(literal, p) for literal, p in compiled if p not in self._direct]
-        # A literal with no pattern of its own matters wherever it stands (by_literal None).
-        self._literals = list(dict.fromkeys([*(literal for literal, _ in compiled), *literals]))
-        plain = set(literals)
-        self._by_literal = [
-            None if lit in plain else [p for literal, p in compiled if literal == lit] for lit in self._literals
-        ]
-        # One scan finds every occurrence of every leading literal.
-        self._patterns = Literals(self._literals)
+    def __init__(self, patterns: list[bytes], literals: Sequence[bytes] = ()) -> None:
+        self.patterns, self.literals = tuple(patterns), tuple(literals)
+        self._scanner = Scanner([*patterns, *(escaped(lit) for lit in literals)])
 
     def search(self, data: bytes) -> bool:
-        if any(p.search(data) is not None for p in self._direct):
-            return True
-        hits: dict[int, list[int]] = {}
-        for index, start, _ in self._patterns.find(data):
-            hits.setdefault(index, []).append(start)
-        for index, starts in hits.items():
-            if self._by_literal[index] is None:
-                return True
-            for pattern in self._by_literal[index]:
-                if len(starts) <= 32:
-                    if any(pattern.match(data, at) for at in starts):
-                        return True
-                elif pattern.search(data, starts[0]) is not None:
-                    return True
-        return False
-
-
-def _leading_literal(pattern: bytes) -> bytes:
-    """The bytes every match of PATTERN starts with (its escaped backslashes and plain characters)."""
-    out = bytearray()
-    i = 0
-    while i < len(pattern):
-        if pattern[i : i + 2] == b"\\\\":
-            out += b"\\"
-            i += 2
-        elif pattern[i] not in b".^$*+?{}[]\\|()" and pattern[i + 1 : i + 2] not in (b"{", b"*", b"?", b"+"):
-            out += pattern[i : i + 1]
-            i += 1
-        else:
-            break
-    return bytes(out)
+        return self._scanner.any(data)
 
 
 def _cased(hex_digits: str) -> str:
