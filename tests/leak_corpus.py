@@ -934,52 +934,53 @@ def replay_in_process(seed: int, n: int) -> list[str]:
     trip. A quick scan of many seeds; the proxy run stays the verdict (it also
     judges blocking, injection, transports and outputs)."""
     from keyveil._engine import Sealer
-    from keyveil._pipeline import protected_spans
 
     values = make_values(seed)
     sealer = Sealer({k: [v] for k, v in values.items()})
     oracle = Oracle(values)
-    failures = []
-    for case in generate(seed, n, values):
-        if case.decoy != "none" and case.generated is not None:
-            element = case.path.encode("latin-1") if case.location in ("path", "query") else case.sent_form
-            if case.location == "body":
-                element = case.message.encode() if case.transport == "ws" else case.carrier[0] + case.sent_form + case.carrier[1]
-            if sealer.find_names(element):
-                failures.append(f"{case.describe()}: a decoy holding no value was found as one (over-sealing)")
-            continue
-        if not case.name or case.generated is None or case.bound_leak:
-            continue
-        if case.location == "header" and case.header == NAME_HEADER:
-            continue
-        if case.location in ("path", "query"):
-            path, _, query = case.path.encode("latin-1").partition(b"?")
-            if case.location == "path":
-                got = sealer.seal(path, url=True).data + b"?" + query
-            else:
-                pieces = b"&".join(sealer.seal(p, url=True, plus=True).data for p in query.split(b"&"))
-                got = path + b"?" + sealer.seal(pieces, url=True, plus=True).data
-        elif case.location == "header":
-            head = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
-            got = sealer.seal(head + case.sent_form).data
-        elif case.transport == "ws":
-            got = sealer.seal(case.message.encode(), protected_spans).data
+    return [failure for case in generate(seed, n, values) for failure in replay_case(case, sealer, oracle)]
+
+
+def replay_case(case: Case, sealer, oracle: Oracle) -> list[str]:
+    """What is wrong with one case sealed in process (``replay_in_process``)."""
+    from keyveil._pipeline import protected_spans
+
+    if case.decoy != "none" and case.generated is not None:
+        element = case.path.encode("latin-1") if case.location in ("path", "query") else case.sent_form
+        if case.location == "body":
+            element = case.message.encode() if case.transport == "ws" else case.carrier[0] + case.sent_form + case.carrier[1]
+        if sealer.find_names(element):
+            return [f"{case.describe()}: a decoy holding no value was found as one (over-sealing)"]
+        return []
+    if not case.name or case.generated is None or case.bound_leak:
+        return []
+    if case.location == "header" and case.header == NAME_HEADER:
+        return []
+    if case.location in ("path", "query"):
+        path, _, query = case.path.encode("latin-1").partition(b"?")
+        if case.location == "path":
+            got = sealer.seal(path, url=True).data + b"?" + query
         else:
-            before = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
-            body = before + case.sent_form + case.carrier[1]
-            got = sealer.seal(body, protected_spans, plus=case.body_kind == "form").data
-        if leaked := oracle.find(got):
-            failures.append(f"{case.describe()}: {leaked} recoverable after sealing")
-            continue
-        if not case.provider:
-            continue
-        span = split_carrier(got, *case.carrier)
-        if span is None:
-            failures.append(f"{case.describe()}: the text around the sealed value changed")
-            continue
-        url = case.location in ("query", "path")
-        failures += [f"{case.describe()}: {p}" for p in check_round_trip(case.generated, span, reference(case.name), url=url)]
-    return failures
+            pieces = b"&".join(sealer.seal(p, url=True, plus=True).data for p in query.split(b"&"))
+            got = path + b"?" + sealer.seal(pieces, url=True, plus=True).data
+    elif case.location == "header":
+        head = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
+        got = sealer.seal(head + case.sent_form).data
+    elif case.transport == "ws":
+        got = sealer.seal(case.message.encode(), protected_spans).data
+    else:
+        before = case.carrier[0][: len(case.carrier[0]) - len(case.prefix)]
+        body = before + case.sent_form + case.carrier[1]
+        got = sealer.seal(body, protected_spans, plus=case.body_kind == "form").data
+    if leaked := oracle.find(got):
+        return [f"{case.describe()}: {leaked} recoverable after sealing"]
+    if not case.provider:
+        return []
+    span = split_carrier(got, *case.carrier)
+    if span is None:
+        return [f"{case.describe()}: the text around the sealed value changed"]
+    url = case.location in ("query", "path")
+    return [f"{case.describe()}: {p}" for p in check_round_trip(case.generated, span, reference(case.name), url=url)]
 
 
 if __name__ == "__main__":  # python -m tests.leak_corpus SEED [SEED ...] (KEYVEIL_CORPUS_FAST_CASES cases each)

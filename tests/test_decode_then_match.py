@@ -404,6 +404,22 @@ def test_a_data_url_in_a_path_with_plain_plus_and_escaped_punctuation(plain_valu
     assert decoded == payload.replace(plain_value, REF)
 
 
+def test_url_safe_base64_wrapped_after_a_plus_for_a_space():
+    """Seed 22, case 763 of the leak corpus (values and carrier from its stdlib generator):
+    `quote_plus("blob " + url-safe base64 wrapped at 60, safe="!$*=\\n")` in a WebSocket
+    message. The space became a `+` glued to the block's first line, which the standard
+    alphabet reads as part of the run; the view that reads `+` as a space found the value,
+    and the run, looked at as it stands too, was sealed over it: the text around the value
+    did not decode to what it was. A run an escape touches is looked at as it stands only
+    where no view found a value, `+` included."""
+    from tests.leak_corpus import Oracle, generate, make_values, replay_case
+
+    values = make_values(22)
+    case = generate(22, 764, values)[763]
+    assert case.location == "body" and case.transport == "ws" and "b64[url,pad,w60" in case.describe()
+    assert replay_case(case, Sealer({k: [v] for k, v in values.items()}), Oracle(values)) == []
+
+
 def test_lf_wrapped_base64_after_an_escaped_line_break(plain_value):
     """`note.%0A` and then a block wrapped with plain LFs (`base64.encodebytes`), in a
     buffer with another escape that matters: the layer above escaped one break and

@@ -191,9 +191,6 @@ class Sealer:
             if text and self._plus and b"+" in data:
                 edits += self._in_percent(data, depth, plus=True)
                 views += b"%+"
-        # Only the view that reads `+` as a space decodes the percent escapes:
-        # a run holding `+` is cut there, so it is looked at as it stands here.
-        spaced_only = not plus and not percent and views.endswith(b"%+")
         if self._min_run and len(data) >= self._min_run:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
             # view that decodes the escape: it is looked at there, not here.
@@ -216,15 +213,12 @@ class Sealer:
                     if (r.start, r.end) not in known
                 ]
             for run, escape_plus in runs:
-                whole_in = views
-                if spaced_only and b"+" in data[run.start : run.end]:
-                    whole_in = views.removesuffix(b"%+")
                 # A run an escape cuts or touches is whole in the view that decodes the
                 # escape, where it was looked at already; unless the decoding changed
                 # the run itself (`100%12…`: its first two characters read as an escape;
                 # `…%253D`: a `=` glued to it one layer down). So it is looked at here
                 # too, where no view found a value.
-                touched = bool(whole_in) and _touches(data, run.start, run.end + run.padding, whole_in)
+                touched = bool(views) and _touches(data, run.start, run.end + run.padding, views)
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
                 if touched and overlap:
                     continue
