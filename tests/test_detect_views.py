@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 from urllib.parse import quote
 
 import pytest
@@ -174,6 +175,51 @@ def test_one_line_of_wrapped_base64_text_is_not_an_assigned_value(rd, wrap):
         "json": json.dumps({"env": "TOKEN=" + block}),
     }[wrap].encode()
     assert [(f.kind, f.value) for f in rd.find([carrier])] == [("github-pat", value.encode())]
+
+
+@pytest.mark.parametrize("width", [64, 76])
+@pytest.mark.parametrize("wrap", ["lf", "crlf"])
+def test_a_two_line_block_of_base64_text_is_not_an_assigned_value(rd, wrap, width):
+    """`TOKEN=` and a block of one full line and a shorter, padded last one (soak seed
+    2250711808 learned such first lines, of `data:…;base64,…` and of a form body): the
+    block is text, its first line no value; the token the text holds is found where
+    the block is decoded."""
+    text, value = samples("github-pat")[0]
+    content = ("grant_type=client_credentials&client_secret=" + text).encode()
+    b64 = base64.b64encode(content).decode()
+    assert width < len(b64) < 2 * width
+    block = b64[:width] + "\n" + b64[width:] + "\n\nthe log says\n"
+    carrier = ("TOKEN=" + (block if wrap == "lf" else block.replace("\n", "\r\n"))).encode()
+    assert [(f.kind, f.value) for f in rd.find([carrier])] == [("github-pat", value.encode())]
+
+
+def test_a_two_line_block_of_base64_text_in_json_keeps_its_first_line_detected(rd):
+    """The same block inside a JSON string, its breaks `\\n` escapes: the detection views do
+    not join its lines (a token across the break is not found in their decodings), so its
+    first line stays a detection rather than leave the token unsealed."""
+    text, value = samples("github-pat")[0]
+    b64 = base64.b64encode(("grant_type=client_credentials&client_secret=" + text).encode()).decode()
+    carrier = json.dumps({"env": "TOKEN=" + b64[:76] + "\n" + b64[76:] + "\n"}).encode()
+    assert ("assignment", b64[:76].encode()) in [(f.kind, f.value) for f in rd.find([carrier])]
+
+
+def test_a_value_before_a_shorter_next_line_that_is_no_base64_end_is_still_assigned(rd):
+    """The shorter line must end the block: `OTHER=xyz` after a value is an assignment of its own."""
+    value = base64.b64encode(secrets.token_bytes(45)).decode()[:60]
+    found = rd.find([f"TOKEN={value}\nOTHER=xyz\n".encode()])
+    assert [(f.kind, f.value) for f in found] == [("assignment", value.encode())]
+
+
+def test_an_assigned_value_cut_by_a_json_escape_of_its_own_character_is_found_whole(rd):
+    """`TOKEN=eC1hY2Nlc3MtdG9r\\u005A…` in a file's text: the raw bytes end the value at
+    the backslash, a piece that is no value (soak seed 2250711808 learned the base64 of
+    `x-access-tok` so, and sealed it inside every later run of it); the JSON view holds
+    the value whole, and it is found there."""
+    value = base64.b64encode(secrets.token_bytes(30)).decode()
+    at = next(i for i in range(16, len(value)) if value[i].isalnum())
+    escaped = value[:at] + "\\u%04X" % ord(value[at]) + value[at + 1 :]
+    found = rd.find([("KEY FILE\nTOKEN=" + escaped + "\nplease here\n").encode()])
+    assert [(f.kind, f.value) for f in found] == [("assignment", value.encode())]
 
 
 def test_one_line_of_wrapped_base64_of_binary_is_still_an_assigned_value(rd):

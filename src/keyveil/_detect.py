@@ -512,20 +512,32 @@ _NAME_BYTES = bytes(1 if (_WORD[b] or b in b"_.-") else 0 for b in range(256))
 
 
 # After a value: a line break (raw or JSON-escaped) and the next line of a wrapped base64 block.
-_NEXT_LINE = re.compile(rb"(?:\r\n|\n|\\r\\n|\\n)(?P<line>[A-Za-z0-9+/_-]+)")
+_NEXT_LINE = re.compile(rb"(?:\r\n|\n|\\r\\n|\\n)(?P<line>[A-Za-z0-9+/_-]+={0,2})")
 _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+# A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
+_ESCAPED_TOKEN_CHAR = re.compile(rb"\\u00(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9dD]|2[bBdDfF]|5[fF])|\\/")
 
 
 def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
     """Whether DATA[START:END] is the first line of a wrapped base64 block that decodes to text
-    (`TOKEN=` before a block of 76-character lines): one line is no value, and a token the text
-    holds is found where the block is decoded. A block that decodes to binary (key material) is
-    left to the randomness test: a false seal costs less than a miss."""
+    (`TOKEN=` before a block of 76-character lines, or of one such line and a shorter last one):
+    one line is no value, and a token the text holds is found where the block is decoded. A
+    block that decodes to binary (key material) is left to the randomness test: a false seal
+    costs less than a miss."""
     width = end - start
     if width < 16:
         return False
     m = _NEXT_LINE.match(data, end)
-    if m is None or m.end("line") - m.start("line") != width:
+    if m is None:
+        return False
+    # The next line is as wide, or it is the block's last line (shorter); either way it
+    # ends where a line does (a line `OTHER=xyz` is an assignment, not padding). A shorter
+    # last line counts after a raw line break only: the views join such a block, but not
+    # one whose breaks are JSON escapes (`\\n`), where its first line stays a detection.
+    line = m.end("line") - m.start("line")
+    if line > width or (m.end() < len(data) and _TOKENISH[data[m.end()]]):
+        return False
+    if line < width and data[m.start()] == _BACKSLASH:
         return False
     chars = bytes(data[start:end]) + bytes(m.group("line"))
     try:
@@ -649,6 +661,8 @@ class Detector:
         s, e = m.span(group)
         if _a_line_of_encoded_text(data, s, e):
             return  # base64 of text, wrapped: what it holds is detected in its decoding (the views)
+        if _ESCAPED_TOKEN_CHAR.match(data, e):
+            return  # cut short by a JSON escape of one of its own characters (`…dG9r\u005A…`): whole in the JSON view
         value = bytes(data[s:e])
         name = _name_at(data, start, m.end("rest"))
         for named in self._named:
