@@ -532,8 +532,8 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
         return False
     # The next line is as wide, or it is the block's last line (shorter); either way it
     # ends where a line does (a line `OTHER=xyz` is an assignment, not padding). A shorter
-    # last line counts after a raw line break only: the views join such a block, but not
-    # one whose breaks are JSON escapes (`\\n`), where its first line stays a detection.
+    # last line counts after a raw line break only: the views join such a block there, but
+    # not always where its breaks are JSON escapes (`\\n`): its first line stays a detection.
     line = m.end("line") - m.start("line")
     if line > width or (m.end() < len(data) and _TOKENISH[data[m.end()]]):
         return False
