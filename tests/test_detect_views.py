@@ -193,14 +193,21 @@ def test_a_two_line_block_of_base64_text_is_not_an_assigned_value(rd, wrap, widt
     assert [(f.kind, f.value) for f in rd.find([carrier])] == [("github-pat", value.encode())]
 
 
-def test_a_two_line_block_of_base64_text_in_json_keeps_its_first_line_detected(rd):
-    """The same block inside a JSON string, its breaks `\\n` escapes: the detection views do
-    not join its lines (a token across the break is not found in their decodings), so its
-    first line stays a detection rather than leave the token unsealed."""
+@pytest.mark.parametrize("width", [16, 76])
+def test_a_two_line_block_of_base64_text_in_json(rd, width):
+    """The same block inside a JSON string, its breaks `\\n` escapes. The views join a
+    block of lines of 24 characters or more there (its token, across the break, is
+    found) and its first line is no value; a narrower block's lines are not joined, so
+    its first line stays a detection rather than leave the token unsealed."""
     text, value = samples("github-pat")[0]
     b64 = base64.b64encode(("grant_type=client_credentials&client_secret=" + text).encode()).decode()
-    carrier = json.dumps({"env": "TOKEN=" + b64[:76] + "\n" + b64[76:] + "\n"}).encode()
-    assert ("assignment", b64[:76].encode()) in [(f.kind, f.value) for f in rd.find([carrier])]
+    first, last = b64[:width], b64[width : min(len(b64), 2 * width - 4)]  # a shorter last line
+    carrier = json.dumps({"env": "TOKEN=" + first + "\n" + last + "\n"}).encode()
+    found = [(f.kind, f.value) for f in rd.find([carrier])]
+    if width == 76:
+        assert found == [("github-pat", value.encode())]
+    else:
+        assert ("assignment", first.encode()) in found
 
 
 def test_a_value_before_a_shorter_next_line_that_is_no_base64_end_is_still_assigned(rd):
@@ -228,3 +235,19 @@ def test_one_line_of_wrapped_base64_of_binary_is_still_an_assigned_value(rd):
     block = base64.encodebytes(bytes(range(256)) * 2).decode()
     (found,) = rd.find([("PRIVATE_KEY=" + block).encode()])
     assert found.kind == "assignment" and found.value == block.split("\n")[0].encode()
+
+
+@pytest.mark.parametrize("nesting", [1, 2])
+def test_an_unregistered_token_in_a_dotenv_fetched_from_the_github_contents_api_is_found(rd, nesting):
+    """The contents API answers base64 wrapped at 60 columns in a JSON string; a tool
+    result carries that answer on to the model (one more JSON layer). The token usually
+    lies across a line break of the block: it is found in the views all the same."""
+    for pad in range(0, 60, 7):  # moves the token across the block's line breaks
+        token, value = samples("github-pat")[0]
+        env = "# app\nDEBUG=false\n" + "X" * pad + "\nGITHUB_TOKEN=" + token + "\nLOG_LEVEL=info\n"
+        b64 = base64.b64encode(env.encode()).decode()
+        content = "\n".join(b64[i : i + 60] for i in range(0, len(b64), 60)) + "\n"
+        body = json.dumps({"type": "file", "name": ".env", "content": content, "encoding": "base64"})
+        if nesting == 2:
+            body = json.dumps({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": body}]}]})
+        assert ("github-pat", value.encode()) in [(f.kind, f.value) for f in rd.find([body.encode()])], pad

@@ -515,6 +515,7 @@ _NAME_BYTES = bytes(1 if (_WORD[b] or b in b"_.-") else 0 for b in range(256))
 _NEXT_LINE = re.compile(rb"(?:\r\n|\n|\\r\\n|\\n)(?P<line>[A-Za-z0-9+/_-]+={0,2})")
 _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 # A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
+_JOINED_IN_JSON = 24  # _detected.MIN_RUN: the narrowest lines of a block the views join behind `\\n` escapes
 _ESCAPED_TOKEN_CHAR = re.compile(rb"\\u00(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9dD]|2[bBdDfF]|5[fF])|\\/")
 
 
@@ -531,13 +532,14 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
     if m is None:
         return False
     # The next line is as wide, or it is the block's last line (shorter); either way it
-    # ends where a line does (a line `OTHER=xyz` is an assignment, not padding). A shorter
-    # last line counts after a raw line break only: the views join such a block there, but
-    # not always where its breaks are JSON escapes (`\\n`): its first line stays a detection.
+    # ends where a line does (a line `OTHER=xyz` is an assignment, not padding). Behind
+    # JSON escapes (`\\n`) the views join a block of lines of 24 characters or more
+    # (_detected.MIN_RUN); a narrower one's first line, before a shorter last line, stays
+    # a detection.
     line = m.end("line") - m.start("line")
     if line > width or (m.end() < len(data) and _TOKENISH[data[m.end()]]):
         return False
-    if line < width and data[m.start()] == _BACKSLASH:
+    if line < width and width < _JOINED_IN_JSON and data[m.start()] == _BACKSLASH:
         return False
     chars = bytes(data[start:end]) + bytes(m.group("line"))
     try:

@@ -34,8 +34,10 @@ from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_a
 #: every detected value is named under this prefix; such a name is never bound
 DETECTED_PREFIX = "detected/"
 KEY_BYTES = 32
-#: decoded layers looked into below a part (SPEC §3 asks for two)
-MAX_DEPTH = 2
+#: decoded layers looked into below a part: SPEC §3 asks for two; three, as the sealer
+#: (_engine.MAX_LAYERS), for a tool result that carries an API's JSON answer, its base64
+#: inside (JSON in JSON, then base64)
+MAX_DEPTH = 3
 #: the shortest base64 run that can hold a token: base64 of 16 characters and a `user:` prefix is 28
 MIN_RUN = 24
 _SHORT_RUN = 512  # a run up to this long is decoded from each of its four offsets (a prefix may shift it)
@@ -135,7 +137,8 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
     yield data
     if depth >= MAX_DEPTH:
         return
-    if b"\\" in data and _json_view_needed(data):
+    runs = runs_of(data, MIN_RUN) if len(data) >= MIN_RUN else []
+    if b"\\" in data and (_json_view_needed(data) or _wrapped_in_json(data, runs)):
         decoded = json_unescape(data)
         if decoded != data:
             yield from views(decoded, depth + 1)
@@ -143,8 +146,8 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
         pieces = _percent_runs(data)
         if pieces:
             yield from views(pieces, depth + 1)
-    if len(data) >= MIN_RUN:
-        for run in runs_of(data, MIN_RUN):
+    if runs:
+        for run in runs:
             offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
             chars = _head_chars(data, run)
             for align in offsets:
@@ -178,11 +181,33 @@ _VIEW_LITERALS = Literals([b"\\/", b"\\u00", b"PRIVATE KEY"])
 
 
 def _json_view_needed(data: bytes) -> bool:
-    """A token escape, or a private key whose line breaks are `\\n` (the regexes run only where their literal occurs)."""
+    """A token escape, a private key whose line breaks are `\\n` (the regexes run only where
+    their literal occurs), or base64 wrapped with `\\n` escapes (a file from the GitHub contents
+    API): its lines are joined only in the JSON view, and a token lies across them."""
     seen = {index for index, _, _ in _VIEW_LITERALS.find(data)}
     if (0 in seen or 1 in seen) and _token_escape(data):
         return True
     return 2 in seen and b"\\n" in data and _PEM_KEY.search(data) is not None
+
+
+_BACKSLASH = 0x5C
+#: what may start the next line of a wrapped block: a base64 character, or an escaped `/`
+_LINE_START = bytes(1 if (chr(b).isascii() and chr(b).isalnum()) or b in b"+/_-\\" else 0 for b in range(256))
+
+
+def _wrapped_in_json(data: bytes, runs) -> bool:
+    """A base64 run (24 or more characters: a line of MIME, PEM or GitHub wrapping) that a
+    `\\n` or `\\r` escape (of any depth: `\\\\n`) follows, and then more base64: a block
+    wrapped inside a JSON string, whose lines are joined only in the JSON view. The runs
+    are those the base64 views look for anyway; code and prose seldom have one there."""
+    n = len(data)
+    for run in runs:
+        i = end = run.end + run.padding
+        while i < n and data[i] == _BACKSLASH:
+            i += 1
+        if end < i < n - 1 and data[i] in b"nr" and _LINE_START[data[i + 1]]:
+            return True
+    return False
 
 
 _PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")

@@ -44,6 +44,7 @@ from ._views import (
     json_unescape,
     json_windows,
     runs_of,
+    wrapped_in_json,
 )
 
 #: how many layers of encoding are decoded, in any order (SPEC §3 asks for two)
@@ -54,7 +55,6 @@ SHORT_RUN = 512
 #: a stream holds back at most this much of a base64 run still being written;
 #: past it, the run is sealed group by group (see StreamSealer)
 STREAM_RUN_BOUND = 1 << 20
-_MIN_WRAP = 12  # the narrowest wrapped base64 line looked for inside a JSON string (as _views._MIN_WIDTH)
 _MAX_ROUNDS = 8
 _WHOLE_VIEW = 16384  # a JSON buffer up to this size is mapped back whole; a longer one in windows
 _PLAIN_BREAKS = bytes.maketrans(b"\r\n", b"\0\0")
@@ -167,7 +167,7 @@ class Sealer:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
-        json = text and b"\\" in data and self._json_trigger.search(data)
+        json = text and b"\\" in data and (self._json_trigger.search(data) or wrapped_in_json(data))
         if json:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
@@ -818,11 +818,7 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
     patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
-    # Base64 wrapped inside a JSON string: a line of base64 (`\\/` and doubled
-    # backslashes count) as wide as the narrowest wrapping, a line break
-    # escape (`\\n`, `\\r`, `\\r\\n`), more base64.
-    line = rf"[A-Za-z0-9+/_\\-]{{{_MIN_WRAP}}}"
-    patterns.append(rf"{line}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])".encode())
+    # Base64 wrapped inside a JSON string is asked of _views.wrapped_in_json (shared with detection).
     percent_trigger = _AnyOf([("%" + _hex_alternatives("", relevant)).encode()])
     return _AnyOf(patterns, short_literals), percent_trigger
 

@@ -28,7 +28,7 @@ from json.decoder import JSONDecodeError, scanstring
 
 import pybase64
 
-from ._matcher import FirstMatch, byte_class
+from ._matcher import FirstMatch, Scanner, byte_class
 
 B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
 _STD_TO_URL = bytes.maketrans(b"+/", b"-_")
@@ -208,6 +208,20 @@ def _keep(kind: str, data: bytes, key, *value) -> None:
     cache = _SHARED.get()
     if cache is not None and type(data) is bytes:
         cache[(kind, id(data), key)] = (data, *value)
+
+
+def wrapped_in_json(data: bytes) -> bool:
+    """Whether DATA may hold base64 wrapped inside a JSON string: a line of base64
+    (`\\/` and doubled backslashes count) as wide as the narrowest wrapping, a line
+    break escape (`\\n`, `\\r`), more base64. Its lines are joined only in the JSON
+    view. One Hyperscan scan, worked out once per buffer in ``shared_scans`` (the
+    sealer and detection both ask)."""
+    entry = _shared("wrapped", data)
+    if entry is not None:
+        return entry[1]
+    found = _WRAPPED_IN_JSON.any(data)
+    _keep("wrapped", data, None, found)
+    return found
 
 
 def json_unescape(data: bytes) -> bytes:
@@ -633,6 +647,7 @@ def _padding(data: bytes, end: int) -> int:
 
 
 _MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
+_WRAPPED_IN_JSON = Scanner([rb"[A-Za-z0-9+/_\\-]{%d}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])" % _MIN_WIDTH])
 
 
 @functools.cache
