@@ -420,6 +420,33 @@ def test_url_safe_base64_wrapped_after_a_plus_for_a_space():
     assert replay_case(case, Sealer({k: [v] for k, v in values.items()}), Oracle(values)) == []
 
 
+@pytest.mark.parametrize("prefix", [b"id-", b"_", b"token", b"xy", b"abc"])
+def test_a_long_base64_run_behind_glued_base64_characters(plain_value, prefix):
+    """Base64 of more than 512 characters behind 1-3 base64 characters that are not its
+    own (`id-`, `token`): it was decoded from its first character only, where a text
+    payload reads as garbage, and the value leaked (session-8 attack, 60 of 60). The
+    head read from each offset tells where the text starts. Streamed alike."""
+    payload = b'{"user":"bot","token":"' + plain_value + b'","blob":"' + b"abcdefgh" * 80 + b'"}'
+    run = base64.b64encode(payload).rstrip(b"=")
+    data = b"see " + prefix + run + b" end"
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), data):
+        assert sealed.startswith(b"see " + prefix) and sealed.endswith(b" end")
+        got = sealed[len(b"see " + prefix) : -len(b" end")]
+        assert base64.b64decode(got + b"=" * (-len(got) % 4)) == payload.replace(plain_value, REF)
+
+
+def test_a_long_base64_run_after_a_backslash_and_n_in_source_code_in_json(plain_value):
+    """Source code holding `\\n` (a backslash and `n`, not an escape) right before a long
+    base64 literal, sent in a JSON string: the run starts at the `n` (attack, 37-47 of 60)."""
+    payload = b'{"user":"bot","token":"' + plain_value + b'","blob":"' + b"hgfedcba" * 80 + b'"}'
+    e = base64.b64encode(payload).decode()
+    code = 'const cert = "-----BEGIN DATA-----\\n' + e + '\\n-----END DATA-----";\n'
+    body = json.dumps({"name": "write_file", "input": {"path": "cert.js", "content": code}}).encode()
+    out = json.loads(Sealer({NAME: [plain_value]}).seal(body).data)["input"]["content"]
+    got = out.split("-----BEGIN DATA-----\\n")[1].split("\\n-----END")[0]
+    assert base64.b64decode(got) == payload.replace(plain_value, REF)
+
+
 def test_lf_wrapped_base64_after_an_escaped_line_break(plain_value):
     """`note.%0A` and then a block wrapped with plain LFs (`base64.encodebytes`), in a
     buffer with another escape that matters: the layer above escaped one break and

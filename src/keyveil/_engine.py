@@ -40,6 +40,7 @@ from ._views import (
     Run,
     a2b_base64,
     base64_runs,
+    decode_base64,
     escape_tail,
     json_unescape,
     json_windows,
@@ -771,7 +772,36 @@ def _offsets(data: bytes, run: Run) -> list[int]:
     glued = _after_escape(data, run)
     if glued and glued not in offsets:
         offsets.append(glued)
+    # Glued to other base64 characters (`id-`, `token`, the `n` of a backslash and
+    # `n` in source code): a text payload reads as text from its own start only.
+    offsets += [k for k in _text_offsets(data, run) if k not in offsets]
     return offsets
+
+
+def _text_offsets(data: bytes, run: Run) -> list[int]:
+    """The offsets 1-3 from which the head of a long RUN decodes to text, where its start does not:
+    a payload of text behind 1-3 glued base64 characters. Binary (an image) reads as binary from
+    every offset: none."""
+    head = data[run.start : run.start + 2 * _HEAD_CHARS].translate(None, b"\r\n")[:_HEAD_CHARS]
+    readings = []
+    for k in range(4):
+        try:
+            readings.append(decode_base64(head[k : k + (len(head) - k) // 4 * 4]))
+        except binascii.Error:  # characters outside the alphabet (`\\/`) in the head
+            readings.append(b"")
+    if not readings[0] or _reads_as_text(readings[0]):
+        return []
+    return [k for k in (1, 2, 3) if readings[k] and _reads_as_text(readings[k])]
+
+
+_HEAD_CHARS = 128  # 96 bytes: enough to tell text from random bytes
+
+
+def _reads_as_text(head: bytes) -> bool:
+    """Printable ASCII or UTF-8 but for a stray byte or two (the first group may hold a byte of a prefix)."""
+    if len(head.translate(None, _TEXT_BYTES)) > len(head) // 16:
+        return False
+    return head.decode("utf-8", "replace").count("\ufffd") <= 2
 
 
 def _after_escape(data: bytes, run: Run) -> int:
