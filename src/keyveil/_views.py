@@ -792,7 +792,8 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
 def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
     """How many full lines of a narrower block follow line I, when I may be
     that block's first line with a prefix glued to it: 2 (two or more), 1
-    (one, then a shorter last line), or 0 (not that shape)."""
+    (one, then a shorter last line, or a longer one: text glued after the
+    block), or 0 (not that shape)."""
     first = lines[i][1] - lines[i][0]
     width = lines[i + 1][1] - lines[i + 1][0]
     if not _MIN_WIDTH <= width < first:
@@ -801,7 +802,9 @@ def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
     if newline not in (b"\n", b"\r\n") or data[lines[i + 1][1] : lines[i + 2][0]] != newline:
         return 0
     last = lines[i + 2][1] - lines[i + 2][0]
-    return 2 if last == width else 1 if last < width else 0
+    # A last line longer than the block's may have text glued to it (`…/details`):
+    # that is a last line too, of one full line.
+    return 2 if last == width else 1
 
 
 _LINE_CONTENT = re.compile(rb"[^\r\n]+")
