@@ -13,7 +13,7 @@ import random
 import re
 import secrets
 import string
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote, quote_plus, unquote_to_bytes
 
 import pytest
 
@@ -552,3 +552,19 @@ def test_base64_glued_to_a_doubly_percent_encoded_escape(plain_value, escape):
             out = sealed[len(b"text ") : len(sealed) - len(escape)]
             assert sealed.endswith(escape)
             assert base64.b64decode(out + b"=" * (-len(out) % 4)) == payload.replace(plain_value, REF)
+
+
+@pytest.mark.parametrize("before", [b'{"a":"%20%2F","b":"link%3d', b"see %2F then x%3d", b"q=%2F&r=%3d"])
+def test_a_reference_in_a_percent_layer_has_one_hex_case_however_the_stream_is_cut(before):
+    """A percent-encoded value whose own span holds no hex letter (`pass+word+…`), in a text
+    with escapes of both cases around it: the reference's escapes took the buffer's usual
+    case, and a stream sees only part of the buffer (session-8 attack: about half of all
+    two-chunk cuts differed from the whole seal). The span's own case, or upper, now."""
+    value = b"pass word " + secrets.token_hex(8).encode()
+    data = before + quote_plus(value.decode()).encode() + b'&x=y"}'
+    sealer = Sealer({NAME: [value]})
+    whole = sealer.seal(data).data
+    assert whole != data and value not in unquote_to_bytes(whole.replace(b"+", b" "))
+    for cut in range(1, len(data)):
+        stream = sealer.stream()
+        assert stream.feed(data[:cut]) + stream.feed(data[cut:]) + stream.feed(b"", final=True) == whole, cut

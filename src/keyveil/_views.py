@@ -465,7 +465,7 @@ class PercentView:
     """The percent-decoded view of a buffer (`+` as space when PLUS), with a map back."""
 
     kind = "percent"
-    __slots__ = ("data", "_raw", "_raw_starts", "_view_starts", "plus", "_lower")
+    __slots__ = ("data", "_raw", "_raw_starts", "_view_starts", "plus")
 
     def __init__(self, raw: bytes, plus: bool) -> None:
         self._raw = raw
@@ -475,10 +475,6 @@ class PercentView:
         )
         # `+` and space are one byte each: the map stays as it is.
         self.data = _plus_to_space(raw, data, self._raw_starts) if plus else data
-        # The buffer's usual hex case, for spans with no escape of their own.
-        pairs = [e[1:] for e in _PERCENT.findall(raw)]
-        lower = sum(not (h.isupper() or h.isdigit()) for h in pairs)
-        self._lower = lower > len(pairs) - lower
 
     span = JsonView.span
     boundary = JsonView.boundary
@@ -502,7 +498,10 @@ class PercentView:
         other byte but the unreserved ones is escaped, in the span's hex case."""
         raw_start, raw_end = habit or (raw_start, raw_end)
         span = self._raw[raw_start:raw_end]
-        lower = bool(re.search(rb"%[0-9]?[a-f]", span)) if b"%" in span else self._lower
+        # The span's own hex case; upper (RFC 3986's) where it shows none. Not the
+        # buffer's: a stream sees only part of it, and any chunking must give the
+        # output of one whole seal.
+        lower = b"%" in span and re.search(rb"%[0-9]?[a-f]", span) is not None
         fmt = b"%%%02x" if lower else b"%%%02X"
         # `%`, `+` and space are always escaped: `+` means a space in forms and queries.
         # A control byte the span wrote escaped somewhere is escaped (`%0a` where a
