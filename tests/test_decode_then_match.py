@@ -568,3 +568,22 @@ def test_a_reference_in_a_percent_layer_has_one_hex_case_however_the_stream_is_c
     for cut in range(1, len(data)):
         stream = sealer.stream()
         assert stream.feed(data[:cut]) + stream.feed(data[cut:]) + stream.feed(b"", final=True) == whole, cut
+
+
+@pytest.mark.parametrize("after", [b"User-Agent: curl/8.5.0", b"Accept: */*", b"--boundary42"])
+def test_a_line_after_a_base64_line_that_opens_text_is_not_its_last_line(after):
+    """A base64 line that needs no padding, then a header (`User-Agent: curl`) or a MIME
+    boundary (`--boundary42`) on the next line: that line was read as the block's last
+    line and re-encoded with it, destroying the header or the multipart body's boundary
+    (session-8 attack: 198 of 200, 72 of 100). A name before a colon, and a line opening
+    with `--`, open text."""
+    value = secrets.token_urlsafe(24).encode()
+    payload = b'{"token":"' + value + b'"}'
+    payload += b" " * (-len(payload) % 3)  # no padding: nothing marks where the base64 ends
+    e = base64.b64encode(payload)
+    assert not e.endswith(b"=")
+    data = b"Content-Transfer-Encoding: base64\r\n\r\n" + e + b"\r\n" + after + b"\r\n"
+    sealed = Sealer({NAME: [value]}).seal(data).data
+    lines = sealed.split(b"\r\n")
+    assert lines[3] == after, lines
+    assert base64.b64decode(lines[2]) == payload.replace(value, REF)

@@ -764,8 +764,11 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         # padding after it), which base64 rarely is and text often is. Either
         # way the other reading is looked at when this one finds nothing.
         if tail and not (
-            _word_like(data, *lines[j + 1])
-            and ((j == i and _ends_an_encoding(data, *lines[j])) or _text_after_block(data, *lines[j + 1]))
+            (
+                _word_like(data, *lines[j + 1])
+                and ((j == i and _ends_an_encoding(data, *lines[j])) or _text_after_block(data, *lines[j + 1]))
+            )
+            or _opens_text(data, *lines[j + 1])
         ):
             yield first_start, lines[j + 1][1], False
             yield first_start, lines[j][1], True
@@ -820,6 +823,15 @@ def _text_after_block(data: bytes, start: int, end: int) -> bool:
     lower-case letters, and prose goes on after it (a space or a punctuation
     mark, not a line break, quote or padding)."""
     return end - start >= 4 and _word_like(data, start, end) and data[end : end + 1] in (b" ", b":", b",", b".", b";", b"!", b"?")
+
+
+def _opens_text(data: bytes, start: int, end: int) -> bool:
+    """Whether the line START..END after a block opens text rather than ending the
+    block: a MIME boundary (`--boundary42`, which base64 rarely starts with and
+    multipart bodies put right after a base64 part), or a name before a colon
+    (`User-Agent: curl`, `Note:`), which no encoder writes after a last line. The
+    other reading is looked at when this one finds nothing."""
+    return data.startswith(b"--", start) or data[end : end + 1] == b":"
 
 
 def _ends_an_encoding(data: bytes, start: int, end: int) -> bool:
