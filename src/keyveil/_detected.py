@@ -191,21 +191,24 @@ def _json_view_needed(data: bytes) -> bool:
 
 
 _BACKSLASH = 0x5C
-#: what may start the next line of a wrapped block: a base64 character, or an escaped `/`
-_LINE_START = bytes(1 if (chr(b).isascii() and chr(b).isalnum()) or b in b"+/_-\\" else 0 for b in range(256))
+
+
+#: the next line of a block: base64 to its end (an escaped break, a quote, the end of the
+#: buffer), not a line of code or prose after a long word
+_BASE64_LINE = re.compile(rb"(?:[A-Za-z0-9+/_-]|\\/)+={0,2}(?:\\+[nr\"]|\"|$)")
 
 
 def _wrapped_in_json(data: bytes, runs) -> bool:
     """A base64 run (24 or more characters: a line of MIME, PEM or GitHub wrapping) that a
-    `\\n` or `\\r` escape (of any depth: `\\\\n`) follows, and then more base64: a block
-    wrapped inside a JSON string, whose lines are joined only in the JSON view. The runs
-    are those the base64 views look for anyway; code and prose seldom have one there."""
+    `\\n` or `\\r` escape (of any depth: `\\\\n`) follows, and then a line of base64: a
+    block wrapped inside a JSON string, whose lines are joined only in the JSON view. The
+    runs are those the base64 views look for anyway; code and prose seldom have one there."""
     n = len(data)
     for run in runs:
         i = end = run.end + run.padding
         while i < n and data[i] == _BACKSLASH:
             i += 1
-        if end < i < n - 1 and data[i] in b"nr" and _LINE_START[data[i + 1]]:
+        if end < i < n - 1 and data[i] in b"nr" and _BASE64_LINE.match(data, i + 1) is not None:
             return True
     return False
 
