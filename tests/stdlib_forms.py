@@ -62,6 +62,12 @@ What it does NOT produce (so a green run says nothing about these):
   starts with two hex digits (``100%12…``); the session-7 attack found leaks
   there, pinned by tests in tests/test_decode_then_match.py instead;
 - a wrapped block whose first line is shorter than the lines after it;
+- base64 characters that are not the payload's glued before a run over 512
+  characters (``id-<run>``, the ``n`` after a literal backslash in source
+  code), a path prefix and a suffix glued to both ends of a block at once,
+  or a header name (``User-Agent:``) or a MIME boundary on the line after a
+  run; the session-8 attack found leaks or broken round trips there, pinned
+  by tests in tests/test_decode_then_match.py;
 - JSON escapes of characters a JSON encoder cannot produce from V (invalid
   UTF-8, lone surrogates), overlong or invalid percent escapes, base64 with
   whitespace other than line breaks inside a run, or with non-zero pad bits;

@@ -448,19 +448,20 @@ def test_a_long_base64_run_after_a_backslash_and_n_in_source_code_in_json(plain_
     assert base64.b64decode(got) == payload.replace(plain_value, REF)
 
 
-@pytest.mark.parametrize("newline", [b"%0A", b"%0D%0A"])
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
 @pytest.mark.parametrize("width", [12, 16, 20, 32])
 def test_percent_encoded_wrapped_base64_in_a_path_between_a_prefix_and_a_suffix(newline, width):
-    """`/api/items/<block>/details?x=1`: percent-encoded base64 wrapped at WIDTH, unpadded,
-    the path's prefix glued to its first line and `/details` to its last. A block of one
-    full line between them was not read as one (its last line, with the suffix, is longer
-    than the block's), and the value leaked (session-8 attack: about 100 of 1,500)."""
+    """`/api/items/<block>/details?x=1`: base64 wrapped at WIDTH, unpadded, percent-encoded
+    whole by `quote(safe="")`, the path's prefix glued to its first line and `/details` to
+    its last. A block of one full line between them was not read as one (its last line,
+    with the suffix, is longer than the block's), and the value leaked (session-8 attack:
+    about 100 of 1,500). Left to the corpus: padding, lower-case escapes, other safe sets."""
     rng = random.Random(width)
     for _ in range(40):
         value = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(16, 48))).encode()
         e = base64.b64encode(rng.randbytes(rng.randint(0, 6)) + value + rng.randbytes(rng.randint(0, 6))).rstrip(b"=")
         block = newline.join(e[i : i + width] for i in range(0, len(e), width))
-        path = b"/api/items/" + block.replace(b"+", b"%2B").replace(b"/", b"%2F") + b"/details?x=1"
+        path = b"/api/items/" + quote(block, safe="").encode() + b"/details?x=1"
         sealed = Sealer({NAME: [value]}).seal(path, url=True).data
         text = unquote_to_bytes(sealed)
         assert value not in text

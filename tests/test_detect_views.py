@@ -224,7 +224,7 @@ def test_an_assigned_value_cut_by_a_json_escape_of_its_own_character_is_found_wh
     the value whole, and it is found there."""
     value = base64.b64encode(secrets.token_bytes(30)).decode()
     at = next(i for i in range(16, len(value)) if value[i].isalnum())
-    escaped = value[:at] + "\\u%04X" % ord(value[at]) + value[at + 1 :]
+    escaped = value[:at] + f"\\u{ord(value[at]):04X}" + value[at + 1 :]
     found = rd.find([("KEY FILE\nTOKEN=" + escaped + "\nplease here\n").encode()])
     assert [(f.kind, f.value) for f in found] == [("assignment", value.encode())]
 

@@ -514,8 +514,11 @@ _NAME_BYTES = bytes(1 if (_WORD[b] or b in b"_.-") else 0 for b in range(256))
 # After a value: a line break (raw or JSON-escaped) and the next line of a wrapped base64 block.
 _NEXT_LINE = re.compile(rb"(?:\r\n|\n|\\r\\n|\\n)(?P<line>[A-Za-z0-9+/_-]+={0,2})")
 _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+#: the shortest base64 run that can hold a token: base64 of 16 characters and a `user:` prefix
+#: is 28 (the detection views decode runs from this length; behind `\\n` escapes they join a
+#: block of lines this wide or wider)
+MIN_RUN = 24
 # A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
-_JOINED_IN_JSON = 24  # _detected.MIN_RUN: the narrowest lines of a block the views join behind `\\n` escapes
 _ESCAPED_TOKEN_CHAR = re.compile(rb"\\u00(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9dD]|2[bBdDfF]|5[fF])|\\/")
 
 
@@ -533,13 +536,12 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
         return False
     # The next line is as wide, or it is the block's last line (shorter); either way it
     # ends where a line does (a line `OTHER=xyz` is an assignment, not padding). Behind
-    # JSON escapes (`\\n`) the views join a block of lines of 24 characters or more
-    # (_detected.MIN_RUN); a narrower one's first line, before a shorter last line, stays
-    # a detection.
+    # JSON escapes (`\\n`) the views join a block of lines of MIN_RUN characters or more;
+    # a narrower one's first line, before a shorter last line, stays a detection.
     line = m.end("line") - m.start("line")
     if line > width or (m.end() < len(data) and _TOKENISH[data[m.end()]]):
         return False
-    if line < width and width < _JOINED_IN_JSON and data[m.start()] == _BACKSLASH:
+    if line < width < MIN_RUN and data[m.start()] == _BACKSLASH:
         return False
     chars = bytes(data[start:end]) + bytes(m.group("line"))
     try:

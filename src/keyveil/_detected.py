@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
-from ._detect import Detector, detected_name
+from ._detect import MIN_RUN, Detector, detected_name
 from ._errors import VaultError
 from ._matcher import Literals
 from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_alphabet
@@ -38,8 +38,6 @@ KEY_BYTES = 32
 #: (_engine.MAX_LAYERS), for a tool result that carries an API's JSON answer, its base64
 #: inside (JSON in JSON, then base64)
 MAX_DEPTH = 3
-#: the shortest base64 run that can hold a token: base64 of 16 characters and a `user:` prefix is 28
-MIN_RUN = 24
 _SHORT_RUN = 512  # a run up to this long is decoded from each of its four offsets (a prefix may shift it)
 
 
@@ -138,7 +136,7 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
     if depth >= MAX_DEPTH:
         return
     runs = runs_of(data, MIN_RUN) if len(data) >= MIN_RUN else []
-    if b"\\" in data and (_json_view_needed(data) or _wrapped_in_json(data, runs)):
+    if b"\\" in data and (_json_view_needed(data) or _block_wrapped_in_json(data, runs)):
         decoded = json_unescape(data)
         if decoded != data:
             yield from views(decoded, depth + 1)
@@ -190,23 +188,22 @@ def _json_view_needed(data: bytes) -> bool:
     return 2 in seen and b"\\n" in data and _PEM_KEY.search(data) is not None
 
 
-_BACKSLASH = 0x5C
-
-
 #: the next line of a block: base64 to its end (an escaped break, a quote, the end of the
 #: buffer), not a line of code or prose after a long word
 _BASE64_LINE = re.compile(rb"(?:[A-Za-z0-9+/_-]|\\/)+={0,2}(?:\\+[nr\"]|\"|$)")
 
 
-def _wrapped_in_json(data: bytes, runs) -> bool:
-    """A base64 run (24 or more characters: a line of MIME, PEM or GitHub wrapping) that a
+def _block_wrapped_in_json(data: bytes, runs) -> bool:
+    """A base64 run (MIN_RUN or more characters: a line of MIME, PEM or GitHub wrapping) that a
     `\\n` or `\\r` escape (of any depth: `\\\\n`) follows, and then a line of base64: a
     block wrapped inside a JSON string, whose lines are joined only in the JSON view. The
-    runs are those the base64 views look for anyway; code and prose seldom have one there."""
+    runs are those the base64 views look for anyway; code and prose seldom have one there.
+    (The sealer's test, _views.wrapped_in_json, is broader: any 12 characters before the
+    break. It knows the values; detection reads every view it builds, so it builds fewer.)"""
     n = len(data)
     for run in runs:
         i = end = run.end + run.padding
-        while i < n and data[i] == _BACKSLASH:
+        while data[i : i + 1] == b"\\":
             i += 1
         if end < i < n - 1 and data[i] in b"nr" and _BASE64_LINE.match(data, i + 1) is not None:
             return True

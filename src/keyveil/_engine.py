@@ -798,7 +798,9 @@ _HEAD_CHARS = 128  # 96 bytes: enough to tell text from random bytes
 
 
 def _reads_as_text(head: bytes) -> bool:
-    """Printable ASCII or UTF-8 but for a stray byte or two (the first group may hold a byte of a prefix)."""
+    """Printable ASCII or UTF-8 but for a stray byte or two (the first group may hold a byte of a prefix).
+    Stricter than _is_text, which asks whether a whole payload's escapes may matter and lets a
+    quarter of it be control bytes: here one reading of a head is told from another."""
     if len(head.translate(None, _TEXT_BYTES)) > len(head) // 16:
         return False
     return head.decode("utf-8", "replace").count("\ufffd") <= 2
@@ -848,7 +850,7 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
     patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
-    # Base64 wrapped inside a JSON string is asked of _views.wrapped_in_json (shared with detection).
+    # Base64 wrapped inside a JSON string is asked of _views.wrapped_in_json, whatever the values.
     percent_trigger = _AnyOf([("%" + _hex_alternatives("", relevant)).encode()])
     return _AnyOf(patterns, short_literals), percent_trigger
 

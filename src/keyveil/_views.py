@@ -211,17 +211,11 @@ def _keep(kind: str, data: bytes, key, *value) -> None:
 
 
 def wrapped_in_json(data: bytes) -> bool:
-    """Whether DATA may hold base64 wrapped inside a JSON string: a line of base64
-    (`\\/` and doubled backslashes count) as wide as the narrowest wrapping, a line
-    break escape (`\\n`, `\\r`), more base64. Its lines are joined only in the JSON
-    view. One Hyperscan scan, worked out once per buffer in ``shared_scans`` (the
-    sealer and detection both ask)."""
-    entry = _shared("wrapped", data)
-    if entry is not None:
-        return entry[1]
-    found = _WRAPPED_IN_JSON.any(data)
-    _keep("wrapped", data, None, found)
-    return found
+    """Whether DATA may hold base64 wrapped inside a JSON string, for the sealer: a
+    line of base64 (`\\/` and doubled backslashes count) as wide as the narrowest
+    wrapping, a line break escape (`\\n`, `\\r`), more base64. Its lines are joined
+    only in the JSON view. One Hyperscan scan."""
+    return _WRAPPED_IN_JSON.any(data)
 
 
 def json_unescape(data: bytes) -> bytes:
