@@ -421,12 +421,15 @@ def test_url_safe_base64_wrapped_after_a_plus_for_a_space():
     assert replay_case(case, Sealer({k: [v] for k, v in values.items()}), Oracle(values)) == []
 
 
-@pytest.mark.parametrize("prefix", [b"id-", b"_", b"token", b"xy", b"abc"])
+@pytest.mark.parametrize("prefix", [b"id-", b"_", b"token", b"xy", b"abc", b"blob+", b"Bearer+x", b"abcdefghijklmno"])
 def test_a_long_base64_run_behind_glued_base64_characters(plain_value, prefix):
-    """Base64 of more than 512 characters behind 1-3 base64 characters that are not its
-    own (`id-`, `token`): it was decoded from its first character only, where a text
-    payload reads as garbage, and the value leaked (session-8 attack, 60 of 60). The
-    head read from each offset tells where the text starts. Streamed alike."""
+    """Base64 of more than 512 characters behind base64 characters that are not its
+    own (`id-`, `token`, `blob+` where `+` was a space): it was decoded from its first
+    character only, where a text payload reads as garbage, and the value leaked
+    (session-8 attack, 60 of 60; prefixes of 4 characters and more in session 9, 50 of
+    61 for `blob+`: the groups of the prefix itself made the right reading look like
+    garbage). The head read from each offset, past its first four groups, tells where
+    the text starts. Streamed alike."""
     payload = b'{"user":"bot","token":"' + plain_value + b'","blob":"' + b"abcdefgh" * 80 + b'"}'
     run = base64.b64encode(payload).rstrip(b"=")
     data = b"see " + prefix + run + b" end"
@@ -588,3 +591,54 @@ def test_a_line_after_a_base64_line_that_opens_text_is_not_its_last_line(after):
     lines = sealed.split(b"\r\n")
     assert lines[3] == after, lines
     assert base64.b64decode(lines[2]) == payload.replace(value, REF)
+
+
+@pytest.mark.parametrize("lead", ["blob+", "blob%20"])
+def test_a_plain_plus_is_a_space_where_the_layer_escaped_base64s_own(plain_value, lead):
+    """`quote_plus("blob " + base64 + " end")` inside a JSON string: base64's own `+`
+    became `%2B`, the spaces plain `+`. Read with `+` as a base64 character, the run
+    went on into `+end` and was re-encoded with it, so the form-decoded text lost its
+    ` end` (seed 2250711808, case 18272, where the first space was written `%20`). A
+    writer that escapes base64's `+` writes a space as `+`: the run ends at the plain one."""
+    rng = random.Random(18272)
+    tried = 0
+    for _ in range(200):
+        words = b"".join(rng.choice([b"the ", b"build ", b"env\n", b"says "]) for _ in range(rng.randint(5, 200)))
+        payload = words + b"note: " + plain_value + b"\n" + rng.randbytes(rng.randint(30, 90))
+        run = base64.b64encode(payload)
+        if b"+" not in run or run.endswith(b"="):
+            continue  # the shape: base64's own `+` escaped, no padding to end the run
+        tried += 1
+        text = lead + quote_plus(run + b" end")
+        data = b'{"q": "' + text.encode() + b'"}'
+        # Another value holds a space: `+` is read as one too, where it was written plainly.
+        sealed = Sealer({NAME: [plain_value], "x/words": [b"two words " + plain_value[::-1]]}).seal(data).data
+        inner = json.loads(sealed)["q"]
+        decoded = unquote_to_bytes(inner.replace("+", " "))
+        assert decoded.startswith(b"blob ") and decoded.endswith(b" end")
+        assert base64.b64decode(decoded[5:-4]) == payload.replace(plain_value, REF)
+    assert tried >= 20
+
+
+@pytest.mark.parametrize("width", [0, 60, 76])
+def test_a_short_line_that_text_goes_on_after_is_not_a_blocks_last_line(plain_value, width):
+    """A base64 run, then a line break and `ok here again`: `ok` is base64, and was read
+    as the run's last line and re-encoded with it, so the text after the run lost its
+    line break (seed 2250711808, case 19980). A run that ends part way into a group is
+    not a full line of a wrapped block (wrappers write multiples of four), and a word
+    that text goes on after on the same line is text. After a run of a multiple of four
+    characters, or two full lines, such a line is the block's last (`blob <base64> end`).
+    Streamed alike."""
+    rng = random.Random(19980 + width)
+    for word in (b"ok", b"Hi", b"no", b"fine", b"Thanks"):
+        payload = b"user: " + plain_value + b"\n" + rng.randbytes(rng.randint(40, 200))
+        payload += b"." * (len(payload) % 3 == 0)  # unpadded, the run ends part way into a group
+        run = base64.b64encode(payload).rstrip(b"=")
+        if width:
+            run = b"\n".join(run[i : i + width] for i in range(0, len(run), width))
+        after = b"\n" + word + b" here again\n"
+        data = b"data:application/octet-stream;base64," + run + after
+        for sealed in seal_both(Sealer({NAME: [plain_value]}), data):
+            assert sealed.endswith(after), word
+            got = sealed[len(b"data:application/octet-stream;base64,") : -len(after)].replace(b"\n", b"")
+            assert base64.b64decode(got + b"=" * (-len(got) % 4)) == payload.replace(plain_value, REF)

@@ -222,6 +222,16 @@ class Sealer:
                 touched = bool(views) and _touches(data, run.start, run.end + run.padding, views)
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
                 if touched and overlap:
+                    # Unless the view decoded it after a prefix only (`6 ipc…` where `6+ip` read
+                    # as it stands is the payload's first group): then the reading that decodes
+                    # from the run's own first character takes its place.
+                    if not all(e.glued for e in overlap):
+                        continue
+                    run_edits, align = self._run_edits(data, run, depth)
+                    if not run_edits or align:
+                        continue
+                    found = [e for e in found if e not in overlap] + run_edits
+                    edits = [e for e in edits if e not in overlap]
                     continue
                 if run.alternative and overlap:
                     # Another reading of these bytes found a value: it stands, unless
@@ -245,8 +255,10 @@ class Sealer:
                 # A `+` in a run decoded after a prefix, or among URL-safe characters
                 # (which base64 never mixes with `+`), may be a space. (The run's
                 # characters are copied only when it was sealed: a long image is not.)
+                # So may a plain `+` in a run where the layer above wrote another `+` as
+                # `%2B` (SPACED): a writer that escapes base64's `+` writes a space as `+`.
                 chars = data[run.start : run.end] if not plus and run_edits else b""
-                if chars and b"+" in chars and (align or b"-" in chars or b"_" in chars):
+                if chars and b"+" in chars and (align or b"-" in chars or b"_" in chars or _both_plusses(spaced, run)):
                     pieces = self._in_plus_pieces(data, run, depth, spaced)
                     if pieces:
                         run_edits, align = pieces, 0
@@ -667,6 +679,14 @@ class _RunTranscoder:
 # -- helpers ------------------------------------------------------------------------------
 
 
+def _both_plusses(spaced: Callable[[], bytes] | None, run: Run) -> bool:
+    """Whether RUN holds a `+` the layer above wrote plainly and one it wrote as `%2B`."""
+    if spaced is None:
+        return False
+    chars = spaced()[run.start : run.end]
+    return b" " in chars and b"+" in chars
+
+
 def _url_edit(edit: Edit) -> Edit:
     reference = quote(edit.replacement, safe="").encode("ascii")
     return replace(edit, replacement=reference, layer="percent")
@@ -786,7 +806,9 @@ def _text_offsets(data: bytes, run: Run) -> list[int]:
     readings = []
     for k in range(4):
         try:
-            readings.append(decode_base64(head[k : k + (len(head) - k) // 4 * 4]))
+            # The first groups may be the prefix's own characters (`blob+` is five):
+            # what a reading holds is told after them.
+            readings.append(decode_base64(head[k : k + (len(head) - k) // 4 * 4])[_PREFIX_BYTES:])
         except binascii.Error:  # characters outside the alphabet (`\\/`) in the head
             readings.append(b"")
     if not readings[0] or _reads_as_text(readings[0]):
@@ -795,6 +817,7 @@ def _text_offsets(data: bytes, run: Run) -> list[int]:
 
 
 _HEAD_CHARS = 128  # 96 bytes: enough to tell text from random bytes
+_PREFIX_BYTES = 12  # four groups: a glued prefix of up to 16 characters
 
 
 def _reads_as_text(head: bytes) -> bool:
@@ -936,6 +959,12 @@ def _resolve(edits: list[Edit]) -> list[Edit]:
         spans = [(e.start, e.end) for e in taken]
         rest = [e for e in detected if not any(s < e.end and e.start < t for s, t in spans)]
         return sorted(taken + _resolve(rest), key=lambda e: e.start)
+    if any(e.glued for e in edits):
+        # A run decoded after a glued prefix gives way to a reading of the same bytes
+        # from a run's own first character (`6+ip…` as it stands, not `ip…` after a
+        # `+` read as a space): that is where the payload starts.
+        own = [(e.start, e.end) for e in edits if not e.glued]
+        edits = [e for e in edits if not e.glued or not _overlaps(own, e.start, e.end)]
     edits.sort(key=lambda e: (e.start, -e.end, e.depth))
     runs = [e for e in edits if e.base64]
     if runs and len(runs) < len(edits):

@@ -763,6 +763,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
                 and ((j == i and _ends_an_encoding(data, *lines[j])) or _text_after_block(data, *lines[j + 1]))
             )
             or _opens_text(data, *lines[j + 1])
+            or (j == i and _ends_mid_group(data, *lines[j]) and _text_goes_on(data, *lines[j + 1]))
         ):
             yield first_start, lines[j + 1][1], False
             yield first_start, lines[j][1], True
@@ -805,6 +806,7 @@ def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
 
 _LINE_CONTENT = re.compile(rb"[^\r\n]+")
 _LOWER = re.compile(rb"[a-z]+")
+_WORD = re.compile(rb"[A-Z]?[a-z]+|[A-Z]+")  # `ok`, `Thanks`, `OK`; not `ZcuuuJc`
 
 
 def _word_like(data: bytes, start: int, end: int) -> bool:
@@ -826,6 +828,26 @@ def _opens_text(data: bytes, start: int, end: int) -> bool:
     (`User-Agent: curl`, `Note:`), which no encoder writes after a last line. The
     other reading is looked at when this one finds nothing."""
     return data.startswith(b"--", start) or data[end : end + 1] == b":"
+
+
+def _text_goes_on(data: bytes, start: int, end: int) -> bool:
+    """Whether the line START..END after one line of base64 is a word that text goes
+    on after on the same line: a word's letters (`ok`, `Hi`, `OK`: no capital
+    inside), then a space (`ok here again`). Asked only after a line that ends an
+    encoding part way into a group (``_ends_mid_group``): a line of a multiple of
+    four characters is what a wrapper writes (76, 64, 60 columns), and a short line
+    then ` end` after it, or after two full lines or more, is the block's last line
+    (a blob in a sentence). The other reading is looked at when this one finds
+    nothing. (Only the byte after the line is asked: a stream has released nothing
+    past it.)"""
+    return _WORD.fullmatch(data, start, end) is not None and data[end : end + 1] == b" "
+
+
+def _ends_mid_group(data: bytes, start: int, end: int) -> bool:
+    """Whether the line START..END ends an unpadded encoding part way into a group:
+    not a multiple of four characters, and the bits of its last character that hold
+    no byte are zero (as every encoder leaves them)."""
+    return (end - start) % 4 != 0 and _ends_an_encoding(data, start, end)
 
 
 def _ends_an_encoding(data: bytes, start: int, end: int) -> bool:
