@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import keyveil._matcher as matcher_module
 from keyveil._engine import Sealer
 from keyveil._views import (
-    _MIN_WIDTH,
+    MIN_WIDTH,
     B64_CLASSES,
     B64_CLASSES_PLUS,
     Base64View,
@@ -41,7 +41,7 @@ _SPAN = re.compile(rb"[A-Za-z0-9+/_\-\r\n]+")  # what base64_runs grows a run ov
 
 def _slow_one_block(data: bytes, start: int, end: int) -> int | None:
     """What _one_block stands for, line by line: the breaks of one line, or of one
-    block of equal LF lines (3 or more, at least _MIN_WIDTH wide, a last line no
+    block of equal LF lines (3 or more, at least MIN_WIDTH wide, a last line no
     longer that is no word of text, no PEM armour); None otherwise."""
     segment = data[start:end]
     if b"\n" not in segment:
@@ -50,7 +50,7 @@ def _slow_one_block(data: bytes, start: int, end: int) -> int | None:
         return None
     lines = segment.split(b"\n")
     width, last = len(lines[0]), lines[-1]
-    if width < _MIN_WIDTH or len(lines) < 3 or any(len(line) != width for line in lines[:-1]):
+    if width < MIN_WIDTH or len(lines) < 3 or any(len(line) != width for line in lines[:-1]):
         return None
     if not 0 < len(last) <= width or _text_after_block(data, end - len(last), end):
         return None
@@ -85,7 +85,7 @@ carriers = st.fixed_dictionaries(
         "payload": st.one_of(st.binary(min_size=0, max_size=900), st.text(max_size=300).map(str.encode)),
         "urlsafe": st.booleans(),
         "padded": st.booleans(),
-        "width": st.integers(_MIN_WIDTH, 120),
+        "width": st.integers(MIN_WIDTH, 120),
         "newline": st.sampled_from([b"\n", b"\r\n"]),
         "padding_style": st.sampled_from(["same line", "next line", "one a line"]),
         "before": st.sampled_from([b"", b"data: ", b'{"content": "', b"/upload/", b"x\n", b"-----BEGIN DATA-----\n"]),
@@ -149,10 +149,10 @@ def test_one_block_on_shapes_near_a_block():
 
 def _slow_runs(data: bytes, min_chars: int, plus: bool, seed: int = 48) -> list:
     """base64_runs restated: every segment of alphabet bytes and line breaks that holds
-    SEED alphabet bytes in a row, or a line of _MIN_WIDTH, a line break (one byte or
+    SEED alphabet bytes in a row, or a line of MIN_WIDTH, a line break (one byte or
     two) and another line, cut into runs as base64_runs cuts one segment."""
     classes = data.translate(B64_CLASSES_PLUS if plus else B64_CLASSES)
-    head = b"\x01" * _MIN_WIDTH + b"\x02"
+    head = b"\x01" * MIN_WIDTH + b"\x02"
     heads = (b"\x01" * max(1, min(min_chars, seed)), head + b"\x01", head + b"\x02\x01")
     runs = []
     for segment in re.finditer(rb"[\x01\x02]+", classes):

@@ -642,3 +642,25 @@ def test_a_short_line_that_text_goes_on_after_is_not_a_blocks_last_line(plain_va
             assert sealed.endswith(after), word
             got = sealed[len(b"data:application/octet-stream;base64,") : -len(after)].replace(b"\n", b"")
             assert base64.b64decode(got + b"=" * (-len(got) % 4)) == payload.replace(plain_value, REF)
+
+
+@pytest.mark.parametrize("first", [18, 30, 50, 57])
+@pytest.mark.parametrize("where", ["first line", "across", "below"])
+def test_a_first_line_a_label_shares_is_the_blocks_first_line(plain_value, first, where):
+    """`X-Blob: ` and FIRST characters, then 64-column lines: the wrapper wrapped the
+    whole line, label included. The short line was a run of its own and the block
+    below it another, decoded from its own first character: a value across the break
+    or, in a long binary payload, anywhere below it leaked (session-8 attack, 63 of
+    80). The line and the block are one run; re-encoded with the same layout."""
+    rng = random.Random(f"{first}{where}")
+    lead = {"first line": 0, "across": max(0, first * 3 // 4 - 10), "below": 400}[where]
+    payload = rng.randbytes(lead) + plain_value + rng.randbytes(1000)
+    text = base64.b64encode(payload)
+    lines = [text[:first]] + [text[i : i + 64] for i in range(first, len(text), 64)]
+    head, tail = b"GET / HTTP/1.1\nX-Blob: ", b"\nHost: example.test\n"
+    data = head + b"\n".join(lines) + tail
+    for sealed in seal_both(Sealer({NAME: [plain_value]}), data):
+        assert sealed.startswith(head) and sealed.endswith(tail)
+        got = sealed[len(head) : -len(tail)].split(b"\n")
+        assert len(got[0]) == first and all(len(line) == 64 for line in got[1:-1])
+        assert base64.b64decode(b"".join(got)) == payload.replace(plain_value, REF)

@@ -556,7 +556,7 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False)
     A run is looked for in each buffer segment of alphabet bytes and line
     breaks at least SEED long (or MIN_CHARS, if fewer). Lines
     are joined into one run only as a wrapper writes them: every line but
-    the last of the same width (at least ``_MIN_WIDTH``), the last no longer.
+    the last of the same width (at least ``MIN_WIDTH``), the last no longer.
     A word on the line before a block, or a token on the line after it, is
     a run of its own.
     """
@@ -588,7 +588,7 @@ def _segment_runs(data: bytes, classes: bytes, start: int, end: int, min_chars: 
         if end - start - breaks >= min_chars:
             yield Run(start, end, _padding(data, end), False)
         return
-    for run_start, run_end, alternative in _wrapped_blocks(data, start, end):
+    for run_start, run_end, alternative in _short_first_lines(data, _wrapped_blocks(data, start, end)):
         chars = run_end - run_start - _count_breaks(data, run_start, run_end)
         if chars >= min_chars:
             yield Run(run_start, run_end, _padding(data, run_end), alternative)
@@ -617,7 +617,7 @@ def _chars_at_least(data: bytes, run: Run, n: int) -> bool:
     length = run.end - run.start
     if length < n:
         return False
-    # A run's lines are at least _MIN_WIDTH wide, so its breaks are far fewer than its characters.
+    # A run's lines are at least MIN_WIDTH wide, so its breaks are far fewer than its characters.
     return length >= 2 * n or length - _count_breaks(data, run.start, run.end) >= n
 
 
@@ -639,8 +639,8 @@ def _padding(data: bytes, end: int) -> int:
     return at - end if n else 0
 
 
-_MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
-_WRAPPED_IN_JSON = Scanner([rb"[A-Za-z0-9+/_\\-]{%d}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])" % _MIN_WIDTH])
+MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
+_WRAPPED_IN_JSON = Scanner([rb"[A-Za-z0-9+/_\\-]{%d}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])" % MIN_WIDTH])
 
 
 @functools.cache
@@ -665,7 +665,7 @@ def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
     DATA's base64_runs classes) holds when it is one run as it stands, else None
     (``_wrapped_blocks`` cuts it then). One run: a single line, or — the common
     case, at C speed — one block of equal LF lines (MIME, PEM bodies), at least
-    _MIN_WIDTH wide, three lines or more, a last line no longer that is no word
+    MIN_WIDTH wide, three lines or more, a last line no longer that is no word
     of text, no `\r` and no PEM armour. Its classes are then exactly
     (width alphabet bytes, one break) repeated, then the last line: one
     comparison checks every break's place, and counts them."""
@@ -673,7 +673,7 @@ def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
     if first == -1:
         return 0 if data.find(b"\r", start, end) == -1 else None
     width = first - start
-    if width < _MIN_WIDTH or data[end - 1] == 0x0A or data.find(b"\r", start, end) != -1:
+    if width < MIN_WIDTH or data[end - 1] == 0x0A or data.find(b"\r", start, end) != -1:
         return None
     if data.find(b"-", start, end) != -1 and data.find(b"-----", start, end) != -1:
         return None  # `-` is rare (URL-safe base64 only): `-----` is looked for only then
@@ -737,7 +737,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         # the block uses (a word after a LF below a CRLF block is text).
         j = i
         breaks: set[bytes] = set()
-        if width >= _MIN_WIDTH:
+        if width >= MIN_WIDTH:
             while (
                 j + 1 < len(lines)
                 and lines[j + 1][1] - lines[j + 1][0] == width
@@ -747,7 +747,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
                 j += 1
         tail = (
             j + 1 < len(lines)
-            and width >= _MIN_WIDTH
+            and width >= MIN_WIDTH
             and 0 < lines[j + 1][1] - lines[j + 1][0] < width
             and _single_break(data, lines[j][1], lines[j + 1][0])
             and (not breaks or data[lines[j][1] : lines[j + 1][0]] in breaks or not _word_like(data, *lines[j + 1]))
@@ -774,7 +774,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
             yield first_start, lines[j + 1][1], True
         elif (
             j + 1 < len(lines)
-            and width >= _MIN_WIDTH
+            and width >= MIN_WIDTH
             and lines[j + 1][1] - lines[j + 1][0] > width
             and _single_break(data, lines[j][1], lines[j + 1][0])
         ):
@@ -786,6 +786,31 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         i = j + 1
 
 
+def _short_first_lines(data: bytes, blocks: Iterator[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """BLOCKS, where a line of base64 shorter than the block right below it (one line
+    break between) is read as that block's first line: a label shares the first line
+    (`X-Blob: ` and 50 characters, then 64-column lines), as a wrapper of the whole
+    line writes it. The line and the block, each on its own, are the other reading."""
+    out = list(blocks)
+    firsts = [k for k, b in enumerate(out) if not b[2]]  # the first readings, in order
+    for a, b in zip(firsts[-2::-1], firsts[:0:-1]):  # from the end: indices stay valid
+        line, block = out[a], out[b]
+        if line[1] - line[0] >= MIN_WIDTH and data.find(b"\n", line[0], line[1]) == -1 and _continues(data, line, block):
+            out[b] = (block[0], block[1], True)
+            out[a] = (line[0], line[1], True)
+            out.insert(a, (line[0], block[1], False))
+    return out
+
+
+def _continues(data: bytes, line: tuple[int, int, bool], block: tuple[int, int, bool]) -> bool:
+    """Whether BLOCK (two lines or more) is wider than LINE and starts one line break after it."""
+    first = data.find(b"\n", block[0], block[1])
+    if first == -1:
+        return False
+    width = first - block[0] - (data[first - 1] == 0x0D)
+    return line[1] - line[0] < width and _single_break(data, line[1], block[0])
+
+
 def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
     """How many full lines of a narrower block follow line I, when I may be
     that block's first line with a prefix glued to it: 2 (two or more), 1
@@ -793,7 +818,7 @@ def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
     block), or 0 (not that shape)."""
     first = lines[i][1] - lines[i][0]
     width = lines[i + 1][1] - lines[i + 1][0]
-    if not _MIN_WIDTH <= width < first:
+    if not MIN_WIDTH <= width < first:
         return 0
     newline = data[lines[i][1] : lines[i + 1][0]]
     if newline not in (b"\n", b"\r\n") or data[lines[i + 1][1] : lines[i + 2][0]] != newline:
@@ -874,7 +899,7 @@ class Base64View:
     """One base64 run decoded from character ALIGN on (0-3); the run is re-encoded as a whole."""
 
     kind = "base64"
-    __slots__ = ("data", "run", "align", "_chars", "_urlsafe", "_width", "_newline", "_raw", "_rest")
+    __slots__ = ("data", "run", "align", "_chars", "_urlsafe", "_width", "_first", "_newline", "_raw", "_rest")
 
     def __init__(self, raw: bytes, run: Run, align: int) -> None:
         self._raw = raw
@@ -893,6 +918,13 @@ class Base64View:
         else:
             self._newline = b"\r\n" if first_break > run.start and raw[first_break - 1] == 0x0D else b"\n"
             self._width = first_break - run.start - (len(self._newline) - 1)
+        # A first line shorter than the next (a label shared it) keeps its width.
+        self._first = 0
+        second_break = raw.find(b"\n", first_break + 1, run.end) if first_break != -1 else -1
+        if second_break != -1:
+            second = second_break - first_break - 1 - (raw[second_break - 1] == 0x0D)
+            if second > self._width:
+                self._first, self._width = self._width, second
         # The characters without line breaks (_chars) and a lone last one that
         # decodes to nothing (_rest) are worked out when reencode needs them.
         self._chars = None
@@ -980,8 +1012,10 @@ class Base64View:
             encoded = encoded.translate(_STD_TO_URL)
         text = self._chars[: self.align] + head + encoded + self._rest
         if self._width:
-            width = self._width
-            text = self._newline.join(text[i : i + width] for i in range(0, len(text), width))
+            width, first = self._width, self._first
+            lines = [text[:first]] if first else []
+            lines += [text[i : i + width] for i in range(first, len(text), width)]
+            text = self._newline.join(lines)
         # The run's own '=' padding is replaced along with it.
         return Edit(self.run.start, self.run.end + self.run.padding, text, ())
 
