@@ -620,21 +620,26 @@ def test_a_plain_plus_is_a_space_where_the_layer_escaped_base64s_own(plain_value
     assert tried >= 20
 
 
-@pytest.mark.parametrize("width", [0, 60, 76])
+@pytest.mark.parametrize("width", [0, 60, 76, "whole groups"])
 def test_a_short_line_that_text_goes_on_after_is_not_a_blocks_last_line(plain_value, width):
     """A base64 run, then a line break and `ok here again`: `ok` is base64, and was read
     as the run's last line and re-encoded with it, so the text after the run lost its
-    line break (seed 2250711808, case 19980). A run that ends part way into a group is
-    not a full line of a wrapped block (wrappers write multiples of four), and a word
-    that text goes on after on the same line is text. After a run of a multiple of four
-    characters, or two full lines, such a line is the block's last (`blob <base64> end`).
-    Streamed alike."""
-    rng = random.Random(19980 + width)
-    for word in (b"ok", b"Hi", b"no", b"fine", b"Thanks"):
+    line break (seed 2250711808, case 19980; seed 3, case 1459). A run that ends part
+    way into a group is not a full line of a wrapped block (wrappers write multiples of
+    four), and a word that text goes on after on the same line is text; so is one after
+    a run of whole groups, where the run and the word together could not end an
+    encoding (`…fJF6` then `ok`). Otherwise, and after two full lines, such a line is
+    the block's last (`blob <base64> end`). Streamed alike."""
+    rng = random.Random(f"19980{width}")
+    whole = width == "whole groups"
+    for word in (b"ok", b"Hi", b"no", b"Thanks") if whole else (b"ok", b"Hi", b"no", b"fine", b"Thanks"):
         payload = b"user: " + plain_value + b"\n" + rng.randbytes(rng.randint(40, 200))
-        payload += b"." * (len(payload) % 3 == 0)  # unpadded, the run ends part way into a group
+        if whole:
+            payload += b"." * (-len(payload) % 3)  # whole groups: no padding either way
+        else:
+            payload += b"." * (len(payload) % 3 == 0)  # unpadded, the run ends part way into a group
         run = base64.b64encode(payload).rstrip(b"=")
-        if width:
+        if width and not whole:
             run = b"\n".join(run[i : i + width] for i in range(0, len(run), width))
         after = b"\n" + word + b" here again\n"
         data = b"data:application/octet-stream;base64," + run + after
@@ -664,3 +669,94 @@ def test_a_first_line_a_label_shares_is_the_blocks_first_line(plain_value, first
         got = sealed[len(head) : -len(tail)].split(b"\n")
         assert len(got[0]) == first and all(len(line) == 64 for line in got[1:-1])
         assert base64.b64decode(b"".join(got)) == payload.replace(plain_value, REF)
+
+
+@pytest.mark.parametrize("brk", ["\n", "\r", "\t", "\r\n"])
+def test_a_value_holding_a_line_break_or_tab_in_json_inside_json(brk):
+    """A value holding a line break or a tab, in a JSON string inside a JSON string
+    (a tool call's `arguments`), one and two layers further: `\\n` became `\\\\n`, which
+    neither the one-layer literal of its neighbours nor the `\\\\` pattern called a JSON
+    view for (session-9 attack: TAB 111 of 111, LF 61 of 103). Streamed alike."""
+    rng = random.Random(brk)
+    for _ in range(30):
+        chars = [rng.choice(string.ascii_letters + string.digits + "/+-_=.:@") for _ in range(rng.randint(20, 48))]
+        chars.insert(rng.randint(3, len(chars) - 3), brk)
+        value = "".join(chars)
+        sealer = Sealer({NAME: [value.encode()]})
+        inner = json.dumps({"token": "tok " + value})
+        outer = json.dumps({"cfg": inner})
+        third = json.dumps({"x": outer})
+        for data, decode in (
+            (outer, lambda o: json.loads(json.loads(o)["cfg"])["token"]),
+            (third, lambda o: json.loads(json.loads(json.loads(o)["x"])["cfg"])["token"]),
+        ):
+            for sealed in seal_both(sealer, data.encode()):
+                assert decode(sealed) == "tok " + REF.decode()
+
+
+@pytest.mark.parametrize("carrier", ["raw", "json", "percent", "path"])
+def test_a_glued_prefix_before_a_block_that_mixes_lf_and_crlf(plain_value, carrier):
+    """Characters glued before the first line of a block wrapped at 12-32 columns whose
+    line breaks mix LF and CRLF (`tok` + block; `/v1/files/` before percent-encoded
+    base64 in a path): the longer first line was taken for a glued prefix only where
+    the two line breaks after it were alike, and the value leaked (session-9 attack,
+    103 of 200 in a path, 130 of 300 in bodies). Mixed breaks count as one block's, as
+    everywhere else."""
+    rng = random.Random(carrier)
+    for _ in range(40):
+        payload = b"export TOKEN=" + plain_value + b"\nok"
+        glue = rng.choice([b"tok", b"x", b"id-", b"Zm9v", b"ab", b"/v1/files/"])
+        width = rng.choice([12, 13, 16, 20, 24, 32])
+        text = base64.b64encode(payload)
+        lines = [text[i : i + width] for i in range(0, len(text), width)]
+        block = glue + b"".join(line + rng.choice([b"\n", b"\r\n"]) for line in lines[:-1]) + lines[-1]
+        if carrier == "raw":
+            data, unwrap = block, lambda o: o
+        elif carrier == "json":
+            data, unwrap = json.dumps({"content": block.decode()}).encode(), lambda o: json.loads(o)["content"].encode()
+        elif carrier == "percent":
+            data, unwrap = quote(block, safe="").encode(), unquote_to_bytes
+        else:
+            data = b"/upload/" + quote(block, safe="").encode() + b".json"
+            unwrap = lambda o: unquote_to_bytes(o[len(b"/upload/") : -len(b".json")])  # noqa: E731
+        sealed = Sealer({NAME: [plain_value]}).seal(data, url=carrier == "path").data
+        inner = unwrap(sealed)
+        assert inner.startswith(glue)
+        got = inner[len(glue) :].replace(b"\r", b"").replace(b"\n", b"")
+        assert base64.b64decode(got + b"=" * (-len(got) % 4)) == payload.replace(plain_value, REF)
+
+
+def test_a_percent_layer_read_over_a_json_string_writes_no_backslash(plain_value):
+    """A JSON string (the value's `/` as `\\/`), percent-encoded, in a JSON body whose
+    letters are `\\u`-escaped: read as percent over the body's own JSON, the span held
+    plain backslashes (the body's escapes), so the percent layer kept `\\` plain and wrote
+    `github\\%2Fpat`, which is no JSON (session-9 attack, 200 of 200). A percent layer
+    always escapes `\\`."""
+    value = plain_value[:10] + b"/" + plain_value[10:]
+    inner = json.dumps(("key " + value.decode() + " ok"))[1:-1].replace("/", "\\/")
+    text = quote(inner, safe="")
+    lettered = "".join("\\u%04x" % ord(c) if c.isalpha() and c not in "abcdefABCDEF" else c for c in text)
+    sealed = Sealer({NAME: [value]}).seal(('{"text":"' + lettered + '"}').encode()).data
+    decoded = json.loads('"' + unquote_to_bytes(json.loads(sealed)["text"]).decode() + '"')
+    assert decoded == "key " + REF.decode() + " ok"
+
+
+@pytest.mark.parametrize("escaped", ["a hex digit", "the percent sign"])
+def test_a_percent_escape_written_partly_as_a_json_escape(value, escaped):
+    """Every byte percent-encoded, in a JSON string that writes some `%` or hex digits
+    of the value's escapes as `\\u00XX` (`%6\\u0032`, `\\u00256E`). The reading JSON,
+    then percent found the value; so did percent over the raw JSON, then JSON, then
+    percent again, which wrote the reference percent-encoded once more (`%257B`) and
+    won for its span (session-9 attack: 213 and 259 of 300). Of two readings of one
+    value's bytes, the one through fewer layers is taken."""
+    rng = random.Random(escaped)
+    sealer = Sealer({NAME: [value]})
+    plain = b"note: " + value + b" end"
+    for _ in range(40):
+        out = []
+        for j, ch in enumerate("".join("%%%02X" % c for c in plain)):
+            in_value = 18 <= j < (6 + len(value)) * 3
+            pick = ch == "%" if escaped == "the percent sign" else ch != "%"
+            out.append("\\u%04x" % ord(ch) if in_value and pick and rng.random() < 0.15 else ch)
+        sealed = sealer.seal(('{"prompt":"' + "".join(out) + '"}').encode()).data
+        assert unquote_to_bytes(json.loads(sealed)["prompt"]) == plain.replace(value, REF)

@@ -902,14 +902,22 @@ def _short_escapes(values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
             at = written.find(escape)
             while at != -1:
                 head, tail = written[max(0, at - 3) : at], written[at + 2 : at + 5]
+                # As written once, and in a JSON string inside one or two more (the
+                # escape's backslash escaped again: `\\t`, `\\\\t`; the neighbours
+                # hold no `\\` or `"`, so they stay as they are).
                 if len(head) == 3 and b"\\" not in head:
-                    literals.add(head + escape)
+                    literals.update(head + layered for layered in _layered(escape))
                 elif len(tail) == 3 and b"\\" not in tail:
-                    literals.add(escape + tail)
+                    literals.update(layered + tail for layered in _layered(escape))
                 else:
-                    anywhere.add(escape)
+                    anywhere.update(_layered(escape))
                 at = written.find(escape, at + 2)
     return sorted(literals), [re.escape(e) for e in sorted(anywhere)]
+
+
+def _layered(escape: bytes) -> tuple[bytes, ...]:
+    """A short escape (`\\n`) as one, two and three JSON string layers write it."""
+    return escape, b"\\" + escape, b"\\\\\\" + escape
 
 
 class _AnyOf:
@@ -965,6 +973,14 @@ def _resolve(edits: list[Edit]) -> list[Edit]:
         # `+` read as a space): that is where the payload starts.
         own = [(e.start, e.end) for e in edits if not e.glued]
         edits = [e for e in edits if not e.glued or not _overlaps(own, e.start, e.end)]
+    if len({e.depth for e in edits if e.layer != "raw"}) > 1:
+        # Of two readings of the same value's bytes through views, the one through fewer
+        # layers: a percent view read over a JSON string's escapes, then JSON, then
+        # percent again, writes the reference percent-encoded once more than the
+        # JSON-then-percent reading (`%257B`), and their spans differ by what each leaves
+        # unchanged. (Not a raw match: one that ends inside an escape, `…\\` of `…\\\\`,
+        # gives way to the view that reads the escape whole, as the longer.)
+        edits = _shallowest(edits)
     edits.sort(key=lambda e: (e.start, -e.end, e.depth))
     runs = [e for e in edits if e.base64]
     if runs and len(runs) < len(edits):
@@ -974,6 +990,21 @@ def _resolve(edits: list[Edit]) -> list[Edit]:
         rest = [e for e in runs if not any(s < e.end and e.start < t for s, t in spans)]
         return sorted(taken + _non_overlapping(rest), key=lambda e: e.start)
     return _non_overlapping(edits)
+
+
+def _shallowest(edits: list[Edit]) -> list[Edit]:
+    """EDITS without those that overlap an edit of the same values, of the same kind,
+    found through fewer layers (raw matches aside)."""
+    edits = sorted(edits, key=lambda e: e.start)
+    deeper: set[int] = set()
+    for i, e in enumerate(edits):
+        for j in range(i + 1, len(edits)):
+            o = edits[j]
+            if o.start >= e.end:
+                break
+            if o.names == e.names and o.base64 == e.base64 and o.depth != e.depth and "raw" not in (o.layer, e.layer):
+                deeper.add(i if e.depth > o.depth else j)
+    return [e for i, e in enumerate(edits) if i not in deeper]
 
 
 def _non_overlapping(edits: list[Edit]) -> list[Edit]:

@@ -497,11 +497,13 @@ class PercentView:
         # output of one whole seal.
         lower = b"%" in span and re.search(rb"%[0-9]?[a-f]", span) is not None
         fmt = b"%%%02x" if lower else b"%%%02X"
-        # `%`, `+` and space are always escaped: `+` means a space in forms and queries.
+        # `%`, `+` and space are always escaped: `+` means a space in forms and queries;
+        # so is `\`: a percent view read over a JSON string whose own escapes stand plain
+        # in the span (`\u0069%5C%2F`) must not write a backslash that JSON reads as one.
         # A control byte the span wrote escaped somewhere is escaped (`%0a` where a
         # plain line break also stands: a text body around percent-encoded base64).
         escaped = {c for m in _PERCENT.findall(span) if (c := int(m[1:], 16)) < 0x20}
-        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20} - escaped if keep_plain else set()
+        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20, 0x5C} - escaped if keep_plain else set()
         keep = _UNRESERVED | plain
         return b"".join(bytes([c]) if c in keep else fmt % c for c in replacement)
 
@@ -763,7 +765,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
                 and ((j == i and _ends_an_encoding(data, *lines[j])) or _text_after_block(data, *lines[j + 1]))
             )
             or _opens_text(data, *lines[j + 1])
-            or (j == i and _ends_mid_group(data, *lines[j]) and _text_goes_on(data, *lines[j + 1]))
+            or (j == i and _text_goes_on(data, *lines[j + 1]) and _alone_ends_better(data, lines[j], lines[j + 1]))
         ):
             yield first_start, lines[j + 1][1], False
             yield first_start, lines[j][1], True
@@ -820,8 +822,8 @@ def _glued_first_line(data: bytes, lines: list[tuple[int, int]], i: int) -> int:
     width = lines[i + 1][1] - lines[i + 1][0]
     if not MIN_WIDTH <= width < first:
         return 0
-    newline = data[lines[i][1] : lines[i + 1][0]]
-    if newline not in (b"\n", b"\r\n") or data[lines[i + 1][1] : lines[i + 2][0]] != newline:
+    # One line break each, LF or CRLF, mixed or not (as in a block's body).
+    if not (_single_break(data, lines[i][1], lines[i + 1][0]) and _single_break(data, lines[i + 1][1], lines[i + 2][0])):
         return 0
     last = lines[i + 2][1] - lines[i + 2][0]
     # A last line longer than the block's may have text glued to it (`…/details`):
@@ -859,27 +861,31 @@ def _text_goes_on(data: bytes, start: int, end: int) -> bool:
     """Whether the line START..END after one line of base64 is a word that text goes
     on after on the same line: a word's letters (`ok`, `Hi`, `OK`: no capital
     inside), then a space (`ok here again`). Asked only after a line that ends an
-    encoding part way into a group (``_ends_mid_group``): a line of a multiple of
-    four characters is what a wrapper writes (76, 64, 60 columns), and a short line
-    then ` end` after it, or after two full lines or more, is the block's last line
-    (a blob in a sentence). The other reading is looked at when this one finds
+    encoding better without it (``_alone_ends_better``); else, and after two full
+    lines or more, a short line then ` end` is the block's last line (a blob in a
+    sentence). The other reading is looked at when this one finds
     nothing. (Only the byte after the line is asked: a stream has released nothing
     past it.)"""
     return _WORD.fullmatch(data, start, end) is not None and data[end : end + 1] == b" "
 
 
-def _ends_mid_group(data: bytes, start: int, end: int) -> bool:
-    """Whether the line START..END ends an unpadded encoding part way into a group:
-    not a multiple of four characters, and the bits of its last character that hold
-    no byte are zero (as every encoder leaves them)."""
-    return (end - start) % 4 != 0 and _ends_an_encoding(data, start, end)
+def _alone_ends_better(data: bytes, line: tuple[int, int], word: tuple[int, int]) -> bool:
+    """Whether LINE ends a base64 text better without the WORD on the line after it: it
+    ends one part way into a group (a wrapper's full line is a multiple of four
+    characters: 76, 64, 60), or it ends one on a group's end while LINE and WORD
+    together could not (`…fJF6` then `ok`: no encoder ends with `k` two past a group)."""
+    chars = line[1] - line[0]
+    if not _ends_an_encoding(data, *line):
+        return False
+    return chars % 4 != 0 or not _ends_an_encoding(data, word[0], word[1], chars + word[1] - word[0])
 
 
-def _ends_an_encoding(data: bytes, start: int, end: int) -> bool:
-    """Whether the line START..END may end a base64 text: an encoder leaves the bits
-    of a last character that hold no byte zero (`…AAB` cannot end one: `B` holds a
-    1 in them), so a line that leaves them set goes on on the next line."""
-    chars = (end - start) % 4
+def _ends_an_encoding(data: bytes, start: int, end: int, chars: int | None = None) -> bool:
+    """Whether the line START..END (the last of CHARS characters, if given) may end a
+    base64 text: an encoder leaves the bits of a last character that hold no byte zero
+    (`…AAB` cannot end one: `B` holds a 1 in them), so a line that leaves them set
+    goes on on the next line."""
+    chars = (end - start if chars is None else chars) % 4
     if chars == 0:
         return True
     if chars == 1:
