@@ -731,7 +731,7 @@ def test_a_percent_layer_read_over_a_json_string_writes_no_backslash(plain_value
     letters are `\\u`-escaped: read as percent over the body's own JSON, the span held
     plain backslashes (the body's escapes), so the percent layer kept `\\` plain and wrote
     `github\\%2Fpat`, which is no JSON (session-9 attack, 200 of 200). A percent layer
-    always escapes `\\`."""
+    escapes `\\` where its span escaped one (the plain ones are the JSON's own)."""
     value = plain_value[:10] + b"/" + plain_value[10:]
     inner = json.dumps(("key " + value.decode() + " ok"))[1:-1].replace("/", "\\/")
     text = quote(inner, safe="")

@@ -497,13 +497,14 @@ class PercentView:
         # output of one whole seal.
         lower = b"%" in span and re.search(rb"%[0-9]?[a-f]", span) is not None
         fmt = b"%%%02x" if lower else b"%%%02X"
-        # `%`, `+` and space are always escaped: `+` means a space in forms and queries;
-        # so is `\`: a percent view read over a JSON string whose own escapes stand plain
-        # in the span (`\u0069%5C%2F`) must not write a backslash that JSON reads as one.
+        # `%`, `+` and space are always escaped: `+` means a space in forms and queries.
         # A control byte the span wrote escaped somewhere is escaped (`%0a` where a
-        # plain line break also stands: a text body around percent-encoded base64).
-        escaped = {c for m in _PERCENT.findall(span) if (c := int(m[1:], 16)) < 0x20}
-        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20, 0x5C} - escaped if keep_plain else set()
+        # plain line break also stands: a text body around percent-encoded base64), and
+        # so is a backslash (`%5C` where the plain ones are a JSON string's own escapes
+        # around the percent layer, `\u0069%5C%2F`: one written plainly would be read
+        # as an escape).
+        escaped = {c for m in _PERCENT.findall(span) if (c := int(m[1:], 16)) < 0x20 or c == 0x5C}
+        plain = set(_PERCENT.sub(b"", span)) - {0x25, 0x2B, 0x20} - escaped if keep_plain else set()
         keep = _UNRESERVED | plain
         return b"".join(bytes([c]) if c in keep else fmt % c for c in replacement)
 
