@@ -307,3 +307,38 @@ def test_references_hidden_in_base64_are_found_from_any_character_in_either_alph
             text = text.rstrip(b"=")
         glued = rng.choice([b"", b"tok_", b"Basic ", b"x"]) + text
         assert any(may_hold_reference(d) for d in _base64_tokens(glued)), (ref, glued)
+
+
+# -- the memo of short seals (headers, paths) -------------------------------------------
+
+
+def test_memo_seals_as_the_sealer_does(values):
+    engine = make_engine(values)
+    pat = values["github/pat"]
+    fields = (
+        (b"content-type", b"application/json"),
+        (b"authorization", b"Bearer " + pat),
+        (b"x-forwarded", base64.b64encode(b"u:" + pat)),
+        (b"x-ref", b"{{secret:github/pat}}"),
+    )
+    for batch in (fields[:1], fields, fields[::-1], fields[:1] + fields[3:]):
+        for _ in range(2):  # the second time from the memo
+            assert engine.memo.seal_fields(batch) == engine.sealer.seal_fields(batch)
+    for data, url, plus in ((b"/repos/" + pat, True, False), (b"q=" + pat.replace(b"_", b"%5F"), True, True), (b"/x", True, False)):
+        for _ in range(2):
+            got, want = engine.memo.seal(data, url=url, plus=plus), engine.sealer.seal(data, url=url, plus=plus)
+            assert (got.data, got.counts) == (want.data, want.counts)
+        assert engine.memo.find_names(data) == engine.sealer.find_names(data)
+    unchanged = b"/nothing/here"
+    assert engine.memo.seal(unchanged).data is unchanged
+
+
+def test_a_header_seen_before_a_value_was_registered_is_sealed_after(values):
+    """The memo belongs to one engine: a new value (a rotation) is sealed in headers already seen."""
+    new = b"rot-" + secrets.token_hex(16).encode()
+    header = [(b"X-Note", b"token " + new)]
+    before = make_engine(values).process_request(req("api.anthropic.com", headers=header))
+    assert before.request.headers == header
+    after = make_engine({**values, "anthropic/key": new}).process_request(req("api.anthropic.com", headers=header))
+    assert after.request.headers == [(b"X-Note", b"token {{secret:anthropic/key}}")]
+    assert after.sealed == {"anthropic/key": 1}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from ._detected import is_detected
-from ._engine import Sealer
+from ._engine import SealResult, Sealer
 from ._inject import (
     InjectError,
     for_form,
@@ -190,6 +190,93 @@ def is_auth_header(name: bytes) -> bool:
     return lname in _AUTH_HEADERS or _AUTHISH.search(lname) is not None
 
 
+_MEMO_BYTES = 4096  # longer buffers (bodies, long cookies) are sealed each time
+_MEMO_ENTRIES = 4096
+_UNCHANGED = object()  # a memo entry: the sealer found nothing
+
+
+class SealMemo:
+    """What the sealer made of the short buffers that come again request after
+    request: header fields, paths, query pieces, host names, methods.
+
+    A client sends the same headers every time, and a seal looks at each of
+    their views; a hit is a dictionary lookup. One memo per engine: the
+    engine's sealer never changes (a vault, detection or rules change builds a
+    new engine, and with it an empty memo), so no result outlives the values it
+    was made with. It holds in memory what the flows hold, is emptied when
+    full, and is never written anywhere. Bodies are not kept: they seldom come
+    twice, and a benchmark repeating one would measure the memo.
+    """
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+        self._seals: dict[tuple[bytes, bool, bool], tuple] = {}
+        self._fields: dict[tuple[bytes, bytes], tuple] = {}
+        self._names: dict[bytes, tuple] = {}
+
+    def seal(self, data: bytes, url: bool = False, plus: bool = False) -> SealResult:
+        """``Sealer.seal(DATA, url=URL, plus=PLUS)``; DATA comes back as the same object when nothing is found."""
+        if type(data) is not bytes or len(data) > _MEMO_BYTES:
+            return self.sealer.seal(data, url=url, plus=plus)
+        key = (data, url, plus)
+        hit = self._seals.get(key)
+        if hit is None:
+            result = self.sealer.seal(data, url=url, plus=plus)
+            hit = (result.data, tuple(result.counts.items())) if result.counts else _UNCHANGED
+            _remember(self._seals, key, hit)
+        if hit is _UNCHANGED:
+            return SealResult(data)
+        return SealResult(hit[0], Counter(dict(hit[1])))
+
+    def seal_fields(self, fields) -> tuple[tuple[tuple[bytes, bytes], ...], Counter[str]]:
+        """``Sealer.seal_fields``: header fields with names and values sealed, and the counts.
+
+        Each field is looked up on its own (a request's Content-Length changes,
+        its other headers do not); one not seen before has its name and value
+        sealed, as ``Sealer.seal_fields`` seals each field once any holds a value."""
+        fields = tuple(fields)
+        counts: Counter[str] = Counter()
+        sealed = None
+        for i, f in enumerate(fields):
+            hit = self._fields.get(f)
+            if hit is None:
+                hit = _sealed_field(self.sealer, *f)
+                if type(f[0]) is bytes and type(f[1]) is bytes and len(f[0]) + len(f[1]) <= _MEMO_BYTES:
+                    _remember(self._fields, f, hit)
+            if hit is not _UNCHANGED:
+                if sealed is None:
+                    sealed = list(fields[:i])
+                sealed.append(hit[0])
+                counts.update(dict(hit[1]))
+            elif sealed is not None:
+                sealed.append(f)
+        return (fields if sealed is None else tuple(sealed)), counts
+
+    def find_names(self, data: bytes) -> Counter[str]:
+        """``Sealer.find_names``: which values DATA holds, in any form."""
+        if type(data) is not bytes or len(data) > _MEMO_BYTES:
+            return self.sealer.find_names(data)
+        hit = self._names.get(data)
+        if hit is None:
+            hit = tuple(self.sealer.find_names(data).items())
+            _remember(self._names, data, hit)
+        return Counter(dict(hit))
+
+
+def _sealed_field(sealer: Sealer, name: bytes, value: bytes) -> tuple:
+    name_result, value_result = sealer.seal(name), sealer.seal(value)
+    if not name_result.counts and not value_result.counts:
+        return _UNCHANGED
+    counts = name_result.counts + value_result.counts
+    return (name_result.data, value_result.data), tuple(counts.items())
+
+
+def _remember(memo: dict, key, hit) -> None:
+    if len(memo) >= _MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = hit
+
+
 class Engine:
     """Rules and values compiled together; one per vault or rules change."""
 
@@ -226,6 +313,8 @@ class Engine:
             if name not in self.aliases:
                 every.setdefault(name, []).extend(previous)
         self.sealer = Sealer(every)
+        #: the sealer's results for short buffers that repeat (headers, paths): one memo per engine
+        self.memo = SealMemo(self.sealer)
         self.names = frozenset(every) | frozenset(self.aliases)
         self.bound_names = frozenset(rules.names())
         #: every value the sealer knows (detection skips these: they are sealed already)
@@ -251,7 +340,10 @@ class Engine:
         times: Counter[tuple[str, str]] = Counter()  # detect: how often, per location and name
 
         def seal(location: str, data: bytes, protect=None, url: bool = False, plus: bool = False) -> bytes:
-            result = self.sealer.seal(data, protect, url=url, plus=plus)
+            if location == "body":
+                result = self.sealer.seal(data, protect, url=url, plus=plus)
+            else:
+                result = self.memo.seal(data, url=url, plus=plus)
             for name, n in result.counts.items():
                 found.append((location, name))
                 times[location, name] += n
@@ -263,7 +355,7 @@ class Engine:
             query = b"&".join(seal(_query_location(p), p, url=True, plus=True) for p in req.query.split(b"&"))
             # A raw value holding '&' spans two pieces: seal the whole string too.
             req.query = seal("query", query, url=True, plus=True)
-        if self.sealer.may_hold_value(part for header in req.headers for part in header):
+        if self.memo.seal_fields(req.headers)[1]:  # some header holds a value
             headers = []
             for k, v in req.headers:
                 if seal("header-name", k) is not k:

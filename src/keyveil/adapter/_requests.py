@@ -104,7 +104,7 @@ class RequestPhase:
         engine = self.addon.engine
         if engine is None:
             return
-        names = engine.sealer.find_names(host.encode("utf-8", "surrogateescape"))
+        names = engine.memo.find_names(host.encode("utf-8", "surrogateescape"))
         if not names:
             return
         name = sorted(names)[0]
@@ -195,13 +195,13 @@ class RequestPhase:
             return
         # Addons that show flows as they arrive (mitmweb) read the headers
         # after this hook: they see them sealed; the pipeline gets the originals.
-        sealed, counts = engine.sealer.seal_fields(req.headers.fields)
+        sealed, counts = engine.memo.seal_fields(req.headers.fields)
         if counts:
             self._original_headers[flow.id] = req.headers.fields
             req.headers.fields = sealed
 
     def _refuse_value_in_destination(self, engine: Engine, flow: http.HTTPFlow, host: str) -> None:
-        names = engine.sealer.find_names(host.encode("utf-8", "surrogateescape") + b"\n" + flow.request.data.method)
+        names = engine.memo.find_names(host.encode("utf-8", "surrogateescape") + b"\n" + flow.request.data.method)
         if names:
             name = sorted(names)[0]
             flow.metadata[META]["host"] = self.outputs.text(host)
@@ -275,7 +275,7 @@ class RequestPhase:
         trailers = flow.request.trailers
         if not trailers:
             return
-        fields, counts = engine.sealer.seal_fields(trailers.fields)
+        fields, counts = engine.memo.seal_fields(trailers.fields)
         if not counts:
             return
         trailers.fields = fields
