@@ -591,8 +591,7 @@ class Engine:
         refs = _References()
 
         def scan(data: bytes, auth: bool, url: bool = False) -> None:
-            if not may_hold_reference(data, escaped=True):
-                return
+            # One marker scan: nothing more where DATA holds none (most headers).
             for _, _, name, _ in find_references_layered(data):
                 if name not in self.names:
                     # in the rules but not in the vault, or not known at all (plain text)
