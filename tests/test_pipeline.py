@@ -342,3 +342,21 @@ def test_a_header_seen_before_a_value_was_registered_is_sealed_after(values):
     after = make_engine({**values, "anthropic/key": new}).process_request(req("api.anthropic.com", headers=header))
     assert after.request.headers == [(b"X-Note", b"token {{secret:anthropic/key}}")]
     assert after.sealed == {"anthropic/key": 1}
+
+
+def test_the_same_headers_twice_get_the_same_decision(values):
+    """What a header holds is kept per engine: the second request is judged as the first."""
+    engine = make_engine(values)
+    hidden = base64.b64encode(base64.b64encode(b"u:{{secret:github/pat}}"))
+    cases = [
+        ("api.gitlab.com", [(b"Authorization", b"Bearer {{secret:github/pat}}")], "unbound_reference"),
+        ("api.gitlab.com", [(b"X-Api-Token", hidden)], "unbound_reference"),
+        ("api.github.com", [(b"X-Note", b"{{secret:no/such}}")], None),
+        ("api.github.com", [(b"Authorization", b"Bearer {{secret:github/pat}}")], None),
+    ]
+    for host, headers, code in cases:
+        first, second = (engine.process_request(req(host, headers=headers)) for _ in range(2))
+        assert (first.block and first.block.code) == (second.block and second.block.code) == code
+        assert first.unknown == second.unknown
+        assert first.injected == second.injected
+    assert engine.process_request(req("api.github.com", headers=[(b"X-Note", b"{{secret:no/such}}")])).unknown == {"no/such"}

@@ -154,7 +154,7 @@ class RequestPhase:
             host, port = tunnel if tunnel else (normalize_host(req.host), req.port)
             claims = [(normalize_host(req.host), req.port)]
             if req.host_header:
-                h, p = url.parse_authority(req.host_header, check=True)
+                h, p = _authority(req.host_header)
                 claims.append((normalize_host(h), p or (443 if req.scheme == "https" else 80)))
             if flow.client_conn.sni:
                 claims.append((normalize_host(flow.client_conn.sni), port))
@@ -357,6 +357,12 @@ def write(flow: http.HTTPFlow, new: Request, body: bytes | None, raw: bytes | No
         req.raw_content = content
     if "content-length" in req.headers and req.headers["content-length"] != str(len(content)):
         req.headers["content-length"] = str(len(content))
+
+
+@functools.lru_cache(maxsize=256)
+def _authority(host_header: str) -> tuple[str, int | None]:
+    """The Host header's (host, port), checked (ValueError); kept for the few a client sends."""
+    return url.parse_authority(host_header, check=True)
 
 
 def _check_framing(headers, host: str, response: bool = False) -> None:
