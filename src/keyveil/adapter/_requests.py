@@ -355,7 +355,8 @@ def write(flow: http.HTTPFlow, new: Request, body: bytes | None, raw: bytes | No
     content = raw if new.body == body else (encoding.encode(new.body, encoding_name) if encoding_name else new.body)
     if content != req.raw_content:
         req.raw_content = content
-    if "content-length" in req.headers and req.headers["content-length"] != str(len(content)):
+    length = req.headers.get("content-length")
+    if length is not None and length != str(len(content)):
         req.headers["content-length"] = str(len(content))
 
 
