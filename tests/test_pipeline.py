@@ -360,3 +360,13 @@ def test_the_same_headers_twice_get_the_same_decision(values):
         assert first.unknown == second.unknown
         assert first.injected == second.injected
     assert engine.process_request(req("api.github.com", headers=[(b"X-Note", b"{{secret:no/such}}")])).unknown == {"no/such"}
+
+
+def test_the_memo_stays_bounded_and_right_under_ever_new_headers(values):
+    engine = make_engine(values)
+    pat = values["github/pat"]
+    for i in range(2_500):  # 5,000 distinct fields: the memo is emptied once
+        fields = ((b"x-n", b"%d" % i), (b"x-v", b"%d " % i + pat))
+        sealed, counts = engine.memo.seal_fields(fields)
+        assert sealed == ((b"x-n", b"%d" % i), (b"x-v", b"%d {{secret:github/pat}}" % i)) and counts == {"github/pat": 1}
+    assert len(engine.memo._fields) <= 4096

@@ -200,7 +200,21 @@ def is_auth_header(name: bytes) -> bool:
 
 _MEMO_BYTES = 4096  # longer buffers (bodies, long cookies) are sealed each time
 _MEMO_ENTRIES = 4096
+_MEMO_HELD = 4 << 20  # bytes of keys one memo holds at most (a client sending ever new headers)
 _UNCHANGED = object()  # a memo entry: the sealer found nothing
+
+
+class _Memo(dict):
+    """A dictionary emptied when it holds _MEMO_ENTRIES entries or _MEMO_HELD bytes of keys."""
+
+    held = 0
+
+    def remember(self, key, hit, size: int) -> None:
+        if len(self) >= _MEMO_ENTRIES or self.held + size > _MEMO_HELD:
+            self.clear()
+            self.held = 0
+        self[key] = hit
+        self.held += size
 
 
 class SealMemo:
@@ -212,15 +226,15 @@ class SealMemo:
     engine's sealer never changes (a vault, detection or rules change builds a
     new engine, and with it an empty memo), so no result outlives the values it
     was made with. It holds in memory what the flows hold, is emptied when
-    full, and is never written anywhere. Bodies are not kept: they seldom come
+    full (4,096 entries or 4 MiB of keys), and is never written anywhere. Bodies are not kept: they seldom come
     twice, and a benchmark repeating one would measure the memo.
     """
 
     def __init__(self, sealer: Sealer) -> None:
         self.sealer = sealer
-        self._seals: dict[tuple[bytes, bool, bool], tuple] = {}
-        self._fields: dict[tuple[bytes, bytes], tuple] = {}
-        self._names: dict[bytes, tuple] = {}
+        self._seals = _Memo()  # (data, url, plus) -> (sealed data, counts) or _UNCHANGED
+        self._fields = _Memo()  # (name, value) -> ((sealed name, sealed value), counts) or _UNCHANGED
+        self._names = _Memo()  # data -> the names it holds
 
     def seal(self, data: bytes, url: bool = False, plus: bool = False) -> SealResult:
         """``Sealer.seal(DATA, url=URL, plus=PLUS)``; DATA comes back as the same object when nothing is found."""
@@ -231,7 +245,7 @@ class SealMemo:
         if hit is None:
             result = self.sealer.seal(data, url=url, plus=plus)
             hit = (result.data, tuple(result.counts.items())) if result.counts else _UNCHANGED
-            _remember(self._seals, key, hit)
+            self._seals.remember(key, hit, len(data))
         if hit is _UNCHANGED:
             return SealResult(data)
         return SealResult(hit[0], Counter(dict(hit[1])))
@@ -250,7 +264,7 @@ class SealMemo:
             if hit is None:
                 hit = _sealed_field(self.sealer, *f)
                 if type(f[0]) is bytes and type(f[1]) is bytes and len(f[0]) + len(f[1]) <= _MEMO_BYTES:
-                    _remember(self._fields, f, hit)
+                    self._fields.remember(f, hit, len(f[0]) + len(f[1]))
             if hit is not _UNCHANGED:
                 if sealed is None:
                     sealed = list(fields[:i])
@@ -267,7 +281,7 @@ class SealMemo:
         hit = self._names.get(data)
         if hit is None:
             hit = tuple(self.sealer.find_names(data).items())
-            _remember(self._names, data, hit)
+            self._names.remember(data, hit, len(data))
         return Counter(dict(hit))
 
 
@@ -277,12 +291,6 @@ def _sealed_field(sealer: Sealer, name: bytes, value: bytes) -> tuple:
         return _UNCHANGED
     counts = name_result.counts + value_result.counts
     return (name_result.data, value_result.data), tuple(counts.items())
-
-
-def _remember(memo: dict, key, hit) -> None:
-    if len(memo) >= _MEMO_ENTRIES:
-        memo.clear()
-    memo[key] = hit
 
 
 class Engine:
@@ -323,7 +331,7 @@ class Engine:
         self.sealer = Sealer(every)
         #: the sealer's results for short buffers that repeat (headers, paths): one memo per engine
         self.memo = SealMemo(self.sealer)
-        self._header_references: dict[tuple[bytes, bytes], _References] = {}  # header field -> what it holds
+        self._header_references = _Memo()  # header field (name, value) -> the references it holds
         self.names = frozenset(every) | frozenset(self.aliases)
         self.bound_names = frozenset(rules.names())
         #: every value the sealer knows (detection skips these: they are sealed already)
@@ -631,7 +639,7 @@ class Engine:
                 found = _References()
                 scan_credential(field[1], is_auth_header(field[0]), found)
                 if len(field[0]) + len(field[1]) <= _MEMO_BYTES:
-                    _remember(memo, field, found)
+                    memo.remember(field, found, len(field[0]) + len(field[1]))
             refs.merge(found)
         if req.query is not None:
             for piece in req.query.split(b"&"):
