@@ -11,7 +11,10 @@ stream keyveil set (as mitmproxy feeds it), and response. Prints the median
 CPU time (process_time) per round over N rounds, and the cost of building the
 flow alone (to subtract); --profile prints a cProfile of keyveil's functions.
 --size=BYTES: a body of about BYTES (below 20,000: the proxy bench's small
-JSON POST, `x` repeated). Values are generated per run and never printed.
+JSON POST, `x` repeated). --sse: the proxy bench's SSE request instead (a
+bodyless GET to api.github.com, a reference in Authorization injected) and
+its event stream, two events in two chunks. Values are generated per run
+and never printed.
 """
 
 from __future__ import annotations
@@ -48,14 +51,23 @@ def _home(rng: random.Random) -> Path:
     return home
 
 
-def _flow(body: bytes) -> http.HTTPFlow:
+def _flow(body: bytes | None) -> http.HTTPFlow:
     f = tflow.tflow()
-    headers = {"content-type": "application/json", "x-api-key": "{{secret:anthropic/key}}", "anthropic-version": "2023-06-01"}
-    f.request = http.Request.make("POST", f"https://{HOST}/v1/messages", body, headers)
-    f.client_conn.sni = HOST
-    f.server_conn.address = (HOST, 443)
-    f.server_conn.sni = HOST
+    if body is None:  # --sse
+        host = "api.github.com"
+        headers = {"authorization": "Bearer {{secret:github/pat}}", "accept": "text/event-stream"}
+        f.request = http.Request.make("GET", f"https://{host}/sse", b"", headers)
+    else:
+        host = HOST
+        headers = {"content-type": "application/json", "x-api-key": "{{secret:anthropic/key}}", "anthropic-version": "2023-06-01"}
+        f.request = http.Request.make("POST", f"https://{host}/v1/messages", body, headers)
+    f.client_conn.sni = host
+    f.server_conn.address = (host, 443)
+    f.server_conn.sni = host
     return f
+
+
+_EVENT = b'event: message\ndata: {"type": "delta", "text": "hello"}\n\n'
 
 
 def main() -> None:
@@ -66,6 +78,9 @@ def main() -> None:
     body = json_body(rng, [b"{{secret:github/pat}}"], size=size) if size >= 20_000 else (
         b'{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"' + b"x" * size + b'"}]}'
     )
+    sse = "--sse" in sys.argv
+    if sse:
+        body = None
     from keyveil.addon import Keyveil
 
     addon = Keyveil()
@@ -79,11 +94,18 @@ def main() -> None:
             addon.late.request(f)
             if f.response is not None:
                 raise SystemExit(f"the bench request was blocked: {f.response.content[:200]!r}")
-            reply = b'{"content": [{"type": "text", "text": "hi"}]}'
-            f.response = http.Response.make(200, reply, {"content-type": "application/json"})
+            if sse:
+                chunks = [_EVENT, _EVENT]
+                f.response = http.Response.make(200, b"", {"content-type": "text/event-stream", "cache-control": "no-cache"})
+                del f.response.headers["content-length"]
+                f.response.headers["transfer-encoding"] = "chunked"
+            else:
+                chunks = [b'{"content": [{"type": "text", "text": "hi"}]}']
+                f.response = http.Response.make(200, chunks[0], {"content-type": "application/json"})
             addon.responseheaders(f)
             if callable(f.response.stream):  # as mitmproxy runs a streamed body: its chunks, then b""
-                f.response.stream(reply)
+                for chunk in chunks:
+                    f.response.stream(chunk)
                 f.response.stream(b"")
             addon.response(f)
             return f

@@ -307,3 +307,66 @@ def test_references_hidden_in_base64_are_found_from_any_character_in_either_alph
             text = text.rstrip(b"=")
         glued = rng.choice([b"", b"tok_", b"Basic ", b"x"]) + text
         assert any(may_hold_reference(d) for d in _base64_tokens(glued)), (ref, glued)
+
+
+# -- the memo of short seals (headers, paths) -------------------------------------------
+
+
+def test_memo_seals_as_the_sealer_does(values):
+    engine = make_engine(values)
+    pat = values["github/pat"]
+    fields = (
+        (b"content-type", b"application/json"),
+        (b"authorization", b"Bearer " + pat),
+        (b"x-forwarded", base64.b64encode(b"u:" + pat)),
+        (b"x-ref", b"{{secret:github/pat}}"),
+    )
+    for batch in (fields[:1], fields, fields[::-1], fields[:1] + fields[3:]):
+        for _ in range(2):  # the second time from the memo
+            assert engine.memo.seal_fields(batch) == engine.sealer.seal_fields(batch)
+    for data, url, plus in ((b"/repos/" + pat, True, False), (b"q=" + pat.replace(b"_", b"%5F"), True, True), (b"/x", True, False)):
+        for _ in range(2):
+            got, want = engine.memo.seal(data, url=url, plus=plus), engine.sealer.seal(data, url=url, plus=plus)
+            assert (got.data, got.counts) == (want.data, want.counts)
+        assert engine.memo.find_names(data) == engine.sealer.find_names(data)
+    unchanged = b"/nothing/here"
+    assert engine.memo.seal(unchanged).data is unchanged
+
+
+def test_a_header_seen_before_a_value_was_registered_is_sealed_after(values):
+    """The memo belongs to one engine: a new value (a rotation) is sealed in headers already seen."""
+    new = b"rot-" + secrets.token_hex(16).encode()
+    header = [(b"X-Note", b"token " + new)]
+    before = make_engine(values).process_request(req("api.anthropic.com", headers=header))
+    assert before.request.headers == header
+    after = make_engine({**values, "anthropic/key": new}).process_request(req("api.anthropic.com", headers=header))
+    assert after.request.headers == [(b"X-Note", b"token {{secret:anthropic/key}}")]
+    assert after.sealed == {"anthropic/key": 1}
+
+
+def test_the_same_headers_twice_get_the_same_decision(values):
+    """What a header holds is kept per engine: the second request is judged as the first."""
+    engine = make_engine(values)
+    hidden = base64.b64encode(base64.b64encode(b"u:{{secret:github/pat}}"))
+    cases = [
+        ("api.gitlab.com", [(b"Authorization", b"Bearer {{secret:github/pat}}")], "unbound_reference"),
+        ("api.gitlab.com", [(b"X-Api-Token", hidden)], "unbound_reference"),
+        ("api.github.com", [(b"X-Note", b"{{secret:no/such}}")], None),
+        ("api.github.com", [(b"Authorization", b"Bearer {{secret:github/pat}}")], None),
+    ]
+    for host, headers, code in cases:
+        first, second = (engine.process_request(req(host, headers=headers)) for _ in range(2))
+        assert (first.block and first.block.code) == (second.block and second.block.code) == code
+        assert first.unknown == second.unknown
+        assert first.injected == second.injected
+    assert engine.process_request(req("api.github.com", headers=[(b"X-Note", b"{{secret:no/such}}")])).unknown == {"no/such"}
+
+
+def test_the_memo_stays_bounded_and_right_under_ever_new_headers(values):
+    engine = make_engine(values)
+    pat = values["github/pat"]
+    for i in range(2_500):  # 5,000 distinct fields: the memo is emptied once
+        fields = ((b"x-n", b"%d" % i), (b"x-v", b"%d " % i + pat))
+        sealed, counts = engine.memo.seal_fields(fields)
+        assert sealed == ((b"x-n", b"%d" % i), (b"x-v", b"%d {{secret:github/pat}}" % i)) and counts == {"github/pat": 1}
+    assert len(engine.memo._fields) <= 4096

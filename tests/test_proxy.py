@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import secrets
 import subprocess
 import time
 from urllib.parse import quote
@@ -20,7 +21,7 @@ from mitmproxy.net import encoding
 
 from tests import infra
 from tests.infra import wsclient
-from tests.conftest import keyveil_proxy
+from tests.conftest import keyveil, keyveil_proxy, make_home
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -296,6 +297,28 @@ def test_engine_fault_blocks_and_nothing_reaches_upstream(kv, upstream, tmp_path
     assert b" 502" in r.stdout.split(b"\r\n\r\n")[1]
     assert upstream.requests == []
     assert "injected fault" not in out  # the exception's text never reaches the log
+
+
+def test_a_value_set_while_the_proxy_runs_is_sealed_where_it_was_seen_before(upstream, tmp_path):
+    """keyveil keeps what it made of headers and paths that come again, for as long as the
+    values do not change: a value set while it runs is sealed in the very next request, in
+    the same header and path it let through before."""
+    setup = make_home(tmp_path)
+    late = "".join(secrets.choice("bcdfghjklmnpqrstvwxz") for _ in range(12)).encode()
+    headers = {"x-note": "see " + late.decode(), "content-type": "application/json"}
+    url = "https://api.anthropic.com/v1/" + late.decode()
+    with keyveil_proxy(upstream, tmp_path / "w", setup) as p, client(p) as c:
+        upstream.reset()
+        for _ in range(2):
+            assert c.post(url, content=b"{}", headers=headers).status_code == 200
+        assert [(r.path, r.header("x-note")) for r in upstream.requests] == [("/v1/" + late.decode(), "see " + late.decode())] * 2
+        r = keyveil(setup.env, "secret", "set", "late/one", stdin=late + b"\n")
+        assert r.returncode == 0, r.stderr
+        upstream.reset()
+        assert c.post(url, content=b"{}", headers=headers).status_code == 200
+        (rec,) = upstream.requests
+        assert rec.header("x-note") == "see {{secret:late/one}}"
+        assert rec.path == "/v1/%7B%7Bsecret%3Alate%2Fone%7D%7D"
 
 
 def test_misspelled_option_stops_mitmdump(kv, upstream, tmp_path):

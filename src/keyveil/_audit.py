@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import threading
-import time
 from datetime import UTC, datetime
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +18,15 @@ log = logging.getLogger("keyveil.audit")
 
 
 _FLUSH_SECONDS = 0.5
+# One encoder for every line (json.dumps with separators builds a new one each call).
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _timestamp(now: datetime) -> str:
+    """NOW (UTC) as isoformat(timespec="milliseconds") writes it, with Z for +00:00, at a third of its cost."""
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (
+        now.year, now.month, now.day, now.hour, now.minute, now.second, now.microsecond // 1000
+    )
 
 
 class AuditLog:
@@ -48,8 +56,8 @@ class AuditLog:
                     log.error("keyveil: cannot write the audit log in %s: %s", self.directory, e)
                 self._dirty = False
 
-    def _handle(self):
-        day = time.strftime("%Y-%m-%d", time.gmtime())
+    def _handle(self, now: datetime):
+        day = "%04d-%02d-%02d" % (now.year, now.month, now.day)  # the UTC day of the record
         if day != self._day or self._file is None:
             if self._file:
                 self._file.close()
@@ -74,8 +82,9 @@ class AuditLog:
         agent: str | None = None,
     ) -> None:
         names = dict(names or {})
+        now = datetime.now(UTC)
         record = {
-            "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "ts": _timestamp(now),
             "flow": flow,
             "client": client,
             "method": method,
@@ -87,10 +96,10 @@ class AuditLog:
             "code": code,
             "agent": agent,
         }
-        line = json.dumps(record, separators=(",", ":"))
+        line = _encode(record)
         try:
             with self._lock:
-                self._handle().write(line + "\n")
+                self._handle(now).write(line + "\n")
                 self._dirty = True
         except OSError as e:
             log.error("keyveil: cannot write the audit log in %s: %s", self.directory, e)

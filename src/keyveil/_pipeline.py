@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from ._detected import is_detected
-from ._engine import Sealer
+from ._engine import SealResult, Sealer
 from ._inject import (
     InjectError,
     for_form,
@@ -113,6 +113,14 @@ class _References:
     unknown: set[str] = field(default_factory=set)
     valueless: set[str] = field(default_factory=set)
 
+    def merge(self, other: _References) -> None:
+        """Add OTHER's names to these (OTHER is left as it is: it may be a memo's)."""
+        if other.auth or other.anywhere or other.unknown or other.valueless:
+            self.auth |= other.auth
+            self.anywhere |= other.anywhere
+            self.unknown |= other.unknown
+            self.valueless |= other.valueless
+
 
 def protected_spans(data: bytes) -> list[tuple[int, int]]:
     """Spans of the vendor-signed fields of a provider request body (SPEC §6).
@@ -190,6 +198,101 @@ def is_auth_header(name: bytes) -> bool:
     return lname in _AUTH_HEADERS or _AUTHISH.search(lname) is not None
 
 
+_MEMO_BYTES = 4096  # longer buffers (bodies, long cookies) are sealed each time
+_MEMO_ENTRIES = 4096
+_MEMO_HELD = 4 << 20  # bytes of keys one memo holds at most (a client sending ever new headers)
+_UNCHANGED = object()  # a memo entry: the sealer found nothing
+
+
+class _Memo(dict):
+    """A dictionary emptied when it holds _MEMO_ENTRIES entries or _MEMO_HELD bytes of keys."""
+
+    held = 0
+
+    def remember(self, key, hit, size: int) -> None:
+        if len(self) >= _MEMO_ENTRIES or self.held + size > _MEMO_HELD:
+            self.clear()
+            self.held = 0
+        self[key] = hit
+        self.held += size
+
+
+class SealMemo:
+    """What the sealer made of the short buffers that come again request after
+    request: header fields, paths, query pieces, host names, methods.
+
+    A client sends the same headers every time, and a seal looks at each of
+    their views; a hit is a dictionary lookup. One memo per engine: the
+    engine's sealer never changes (a vault, detection or rules change builds a
+    new engine, and with it an empty memo), so no result outlives the values it
+    was made with. It holds in memory what the flows hold, is emptied when
+    full (4,096 entries or 4 MiB of keys), and is never written anywhere. Bodies are not kept: they seldom come
+    twice, and a benchmark repeating one would measure the memo.
+    """
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+        self._seals = _Memo()  # (data, url, plus) -> (sealed data, counts) or _UNCHANGED
+        self._fields = _Memo()  # (name, value) -> ((sealed name, sealed value), counts) or _UNCHANGED
+        self._names = _Memo()  # data -> the names it holds
+
+    def seal(self, data: bytes, url: bool = False, plus: bool = False) -> SealResult:
+        """``Sealer.seal(DATA, url=URL, plus=PLUS)``; DATA comes back as the same object when nothing is found."""
+        if type(data) is not bytes or len(data) > _MEMO_BYTES:
+            return self.sealer.seal(data, url=url, plus=plus)
+        key = (data, url, plus)
+        hit = self._seals.get(key)
+        if hit is None:
+            result = self.sealer.seal(data, url=url, plus=plus)
+            hit = (result.data, tuple(result.counts.items())) if result.counts else _UNCHANGED
+            self._seals.remember(key, hit, len(data))
+        if hit is _UNCHANGED:
+            return SealResult(data)
+        return SealResult(hit[0], Counter(dict(hit[1])))
+
+    def seal_fields(self, fields) -> tuple[tuple[tuple[bytes, bytes], ...], Counter[str]]:
+        """``Sealer.seal_fields``: header fields with names and values sealed, and the counts.
+
+        Each field is looked up on its own (a request's Content-Length changes,
+        its other headers do not); one not seen before has its name and value
+        sealed, as ``Sealer.seal_fields`` seals each field once any holds a value."""
+        fields = tuple(fields)
+        counts: Counter[str] = Counter()
+        sealed = None
+        for i, f in enumerate(fields):
+            hit = self._fields.get(f)
+            if hit is None:
+                hit = _sealed_field(self.sealer, *f)
+                if type(f[0]) is bytes and type(f[1]) is bytes and len(f[0]) + len(f[1]) <= _MEMO_BYTES:
+                    self._fields.remember(f, hit, len(f[0]) + len(f[1]))
+            if hit is not _UNCHANGED:
+                if sealed is None:
+                    sealed = list(fields[:i])
+                sealed.append(hit[0])
+                counts.update(dict(hit[1]))
+            elif sealed is not None:
+                sealed.append(f)
+        return (fields if sealed is None else tuple(sealed)), counts
+
+    def find_names(self, data: bytes) -> Counter[str]:
+        """``Sealer.find_names``: which values DATA holds, in any form."""
+        if type(data) is not bytes or len(data) > _MEMO_BYTES:
+            return self.sealer.find_names(data)
+        hit = self._names.get(data)
+        if hit is None:
+            hit = tuple(self.sealer.find_names(data).items())
+            self._names.remember(data, hit, len(data))
+        return Counter(dict(hit))
+
+
+def _sealed_field(sealer: Sealer, name: bytes, value: bytes) -> tuple:
+    name_result, value_result = sealer.seal(name), sealer.seal(value)
+    if not name_result.counts and not value_result.counts:
+        return _UNCHANGED
+    counts = name_result.counts + value_result.counts
+    return (name_result.data, value_result.data), tuple(counts.items())
+
+
 class Engine:
     """Rules and values compiled together; one per vault or rules change."""
 
@@ -226,6 +329,9 @@ class Engine:
             if name not in self.aliases:
                 every.setdefault(name, []).extend(previous)
         self.sealer = Sealer(every)
+        #: the sealer's results for short buffers that repeat (headers, paths): one memo per engine
+        self.memo = SealMemo(self.sealer)
+        self._header_references = _Memo()  # header field (name, value) -> the references it holds
         self.names = frozenset(every) | frozenset(self.aliases)
         self.bound_names = frozenset(rules.names())
         #: every value the sealer knows (detection skips these: they are sealed already)
@@ -237,7 +343,7 @@ class Engine:
         out = Outcome(req)
         out.provider = self.rules.is_provider(req.host, req.port, req.scheme)
         original = req
-        req = replace(req, headers=list(req.headers))
+        req = _copy(req, headers=list(req.headers))
         bindings = self._with_aliases(
             self._for_agent(req, self.rules.bindings(req.host, req.port, req.scheme, req.method, req.path_text))
         )
@@ -251,7 +357,10 @@ class Engine:
         times: Counter[tuple[str, str]] = Counter()  # detect: how often, per location and name
 
         def seal(location: str, data: bytes, protect=None, url: bool = False, plus: bool = False) -> bytes:
-            result = self.sealer.seal(data, protect, url=url, plus=plus)
+            if location == "body":
+                result = self.sealer.seal(data, protect, url=url, plus=plus)
+            else:
+                result = self.memo.seal(data, url=url, plus=plus)
             for name, n in result.counts.items():
                 found.append((location, name))
                 times[location, name] += n
@@ -263,7 +372,7 @@ class Engine:
             query = b"&".join(seal(_query_location(p), p, url=True, plus=True) for p in req.query.split(b"&"))
             # A raw value holding '&' spans two pieces: seal the whole string too.
             req.query = seal("query", query, url=True, plus=True)
-        if self.sealer.may_hold_value(part for header in req.headers for part in header):
+        if self.memo.seal_fields(req.headers)[1]:  # some header holds a value
             headers = []
             for k, v in req.headers:
                 if seal("header-name", k) is not k:
@@ -296,7 +405,7 @@ class Engine:
                 req = self._restore(req, original, {loc for loc, _ in stray})
 
         # 3. inject where bound
-        out.sealed_request = replace(req, headers=list(req.headers))
+        out.sealed_request = _copy(req, headers=list(req.headers))
         # detect: a detected value goes on the wire as it came toward a host that is
         # not a provider (detection only audits there), and in the credential headers
         # of any request (the client's own credential for that host); what is shown
@@ -498,9 +607,9 @@ class Engine:
         anywhere, and unknown names (plain text, reported in the audit log)."""
         refs = _References()
 
-        def scan(data: bytes, auth: bool, url: bool = False) -> None:
-            if not may_hold_reference(data, escaped=True):
-                return
+        def scan(data: bytes, auth: bool, url: bool = False, into: _References = refs) -> None:
+            # One marker scan: nothing more where DATA holds none (most headers).
+            refs = into
             for _, _, name, _ in find_references_layered(data):
                 if name not in self.names:
                     # in the rules but not in the vault, or not known at all (plain text)
@@ -514,15 +623,24 @@ class Engine:
         # two layers of base64 (SPEC §3); elsewhere (it is only reported) through one.
         everywhere = self.policy.unbound_reference == "block"
 
-        def scan_credential(data: bytes, auth: bool) -> None:
-            scan(data, auth)
+        def scan_credential(data: bytes, auth: bool, into: _References = refs) -> None:
+            scan(data, auth, into=into)
             # A reference can hide in base64 (SPEC §3), which no marker shows:
             # headers and query parameters are short, so each token is decoded.
             for decoded in _base64_tokens(data, layers=2 if auth or everywhere else 1):
-                scan(decoded, auth)
+                scan(decoded, auth, into=into)
 
-        for k, v in req.headers:
-            scan_credential(v, is_auth_header(k))
+        # A client sends the same headers every time: what each holds is kept for
+        # this engine (its names, bindings and policy never change).
+        memo = self._header_references
+        for field in req.headers:
+            found = memo.get(field)
+            if found is None:
+                found = _References()
+                scan_credential(field[1], is_auth_header(field[0]), found)
+                if len(field[0]) + len(field[1]) <= _MEMO_BYTES:
+                    memo.remember(field, found, len(field[0]) + len(field[1]))
+            refs.merge(found)
         if req.query is not None:
             for piece in req.query.split(b"&"):
                 key = unquote_plus(piece.partition(b"=")[0].decode("latin-1"))
@@ -626,6 +744,14 @@ class Engine:
                 name = sorted(left)[0]
                 out.block = Block("unbound_reference", self._unbound_message(req, name), (name,))
         return sealed, data, out
+
+
+def _copy(req: Request, **changes) -> Request:
+    """``dataclasses.replace(REQ, **CHANGES)`` at less than half its cost (a Request has no __post_init__)."""
+    new = object.__new__(Request)
+    new.__dict__.update(req.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _rewrite_headers(req: Request, name: str, rewrite) -> Counter[str]:

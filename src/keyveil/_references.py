@@ -106,6 +106,7 @@ _MARKERS = Literals([b"{secret:", b"Bsecret", b"bsecret"])
 _HIDDEN = Literals(
     [b"secret", *(b"u00%x" % c for c in b"secrt"), *(b"%%%x" % c for c in b"secrt")]
 )
+_SECRET = 0  # the index of b"secret" in _HIDDEN
 
 
 def may_hold_reference(data: bytes, escaped: bool = False) -> bool:
@@ -130,8 +131,13 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
     percent-encoded, or both); it is None for a raw reference. Spans do not
     overlap and come left to right.
     """
-    found: list[tuple[int, int, str, Writer]] = [(s, e, n, None) for s, e, n in find_references(data)]
-    if _depth < _REFERENCE_LAYERS and _hidden_marker(data, found):
+    # One scan for the markers finds the raw references too (each holds "secret")
+    # and tells whether a decoded view can hold more.
+    hits = _HIDDEN.find(data)
+    if not hits:
+        return []
+    found: list[tuple[int, int, str, Writer]] = _raw_references(data, hits)
+    if _depth < _REFERENCE_LAYERS and _hidden_marker(found, hits):
         views = []
         # Decoded at C speed first: the view with its map is built only when it
         # holds more references than the raw bytes do (the common JSON body
@@ -163,14 +169,29 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
     return found
 
 
-def _hidden_marker(data: bytes, found: list) -> bool:
-    """Whether DATA holds a marker (_HIDDEN) outside the raw references FOUND: only then can a
-    decoded view hold another reference (a raw reference decodes to itself). The common body that
-    carries its references plainly (every turn after a seal) is then not JSON-decoded as a whole
-    (half a millisecond for 200 KB)."""
-    hits = _HIDDEN.find(data)
-    if not hits:
-        return False
+def _raw_references(data: bytes, hits: list[tuple[int, int, int]]) -> list[tuple[int, int, str, Writer]]:
+    """``find_references`` (as layered spans), matched only where HITS (of _HIDDEN, in
+    DATA) found "secret" two bytes after a possible start: the spans finditer gives,
+    without a pass of ``re`` over the whole buffer."""
+    found: list[tuple[int, int, str, Writer]] = []
+    end = 0
+    for index, at, _ in hits:
+        if index != _SECRET or at - 2 < end:
+            continue
+        m = _REFERENCE_BYTES.match(data, at - 2)
+        if m is not None:
+            end = m.end()  # finditer goes on from there, whether the name is kept or not
+            name = m.group(1)
+            if len(name) <= NAME_MAX:
+                found.append((m.start(), end, name.decode("ascii"), None))
+    return found
+
+
+def _hidden_marker(found: list, hits: list[tuple[int, int, int]]) -> bool:
+    """Whether a marker (_HIDDEN, its HITS in the buffer) lies outside the raw references FOUND: only
+    then can a decoded view hold another reference (a raw reference decodes to itself). The common
+    body that carries its references plainly (every turn after a seal) is then not JSON-decoded as
+    a whole (half a millisecond for 200 KB)."""
     starts = [f[0] for f in found]
     for _, at, _ in hits:
         i = bisect_right(starts, at) - 1

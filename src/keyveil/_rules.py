@@ -346,6 +346,7 @@ class CompiledRules:
         self.source = source
         self.provider_hosts = tuple(provider_hosts)
         self._providers = HostSet(self.provider_hosts)
+        self._is_provider: dict[tuple[str, int, str], bool] = {}
         self._passthrough = HostSet(rules.passthrough)
         self._bindings = {name: _Binding.build(name, rule) for name, rule in rules.secrets.items()}
         self._hosts: HostMap[str] = HostMap(
@@ -365,7 +366,15 @@ class CompiledRules:
         return self.rules.policy
 
     def is_provider(self, host: str, port: int, scheme: str = "https") -> bool:
-        return self._providers.matches(host, port, _default_port(scheme))
+        # Asked several times per request, of the same few hosts; the rules never change once compiled.
+        key = (host, port, scheme)
+        known = self._is_provider.get(key)
+        if known is None:
+            known = self._providers.matches(host, port, _default_port(scheme))
+            if len(self._is_provider) >= 1024:
+                self._is_provider.clear()
+            self._is_provider[key] = known
+        return known
 
     def is_passthrough(self, host: str, port: int) -> bool:
         # Passthrough is decided at CONNECT time, for TLS: the default port is 443.

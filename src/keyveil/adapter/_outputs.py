@@ -42,15 +42,15 @@ class Outputs:
 
     def text(self, text: str) -> str:
         """TEXT with every value in it sealed; without a sealer, nothing that came from a flow is written."""
-        sealer = self._sealer
-        if sealer is None:
+        engine = self._addon.engine
+        if engine is None:
             return "(unavailable)"
         data = text.encode("utf-8", "surrogateescape")
-        return sealer.seal(data).data.decode("utf-8", "replace")
+        return engine.memo.seal(data).data.decode("utf-8", "replace")
 
     def data(self, data: bytes) -> bytes:
-        sealer = self._sealer
-        return sealer.seal(data).data if sealer is not None else b""
+        engine = self._addon.engine
+        return engine.memo.seal(data).data if engine is not None else b""
 
     def host(self, flow: http.HTTPFlow) -> str:
         """The destination as keyveil names it in outputs: normalised and sealed."""

@@ -104,7 +104,7 @@ class RequestPhase:
         engine = self.addon.engine
         if engine is None:
             return
-        names = engine.sealer.find_names(host.encode("utf-8", "surrogateescape"))
+        names = engine.memo.find_names(host.encode("utf-8", "surrogateescape"))
         if not names:
             return
         name = sorted(names)[0]
@@ -154,7 +154,7 @@ class RequestPhase:
             host, port = tunnel if tunnel else (normalize_host(req.host), req.port)
             claims = [(normalize_host(req.host), req.port)]
             if req.host_header:
-                h, p = url.parse_authority(req.host_header, check=True)
+                h, p = _authority(req.host_header)
                 claims.append((normalize_host(h), p or (443 if req.scheme == "https" else 80)))
             if flow.client_conn.sni:
                 claims.append((normalize_host(flow.client_conn.sni), port))
@@ -195,13 +195,13 @@ class RequestPhase:
             return
         # Addons that show flows as they arrive (mitmweb) read the headers
         # after this hook: they see them sealed; the pipeline gets the originals.
-        sealed, counts = engine.sealer.seal_fields(req.headers.fields)
+        sealed, counts = engine.memo.seal_fields(req.headers.fields)
         if counts:
             self._original_headers[flow.id] = req.headers.fields
             req.headers.fields = sealed
 
     def _refuse_value_in_destination(self, engine: Engine, flow: http.HTTPFlow, host: str) -> None:
-        names = engine.sealer.find_names(host.encode("utf-8", "surrogateescape") + b"\n" + flow.request.data.method)
+        names = engine.memo.find_names(host.encode("utf-8", "surrogateescape") + b"\n" + flow.request.data.method)
         if names:
             name = sorted(names)[0]
             flow.metadata[META]["host"] = self.outputs.text(host)
@@ -275,7 +275,7 @@ class RequestPhase:
         trailers = flow.request.trailers
         if not trailers:
             return
-        fields, counts = engine.sealer.seal_fields(trailers.fields)
+        fields, counts = engine.memo.seal_fields(trailers.fields)
         if not counts:
             return
         trailers.fields = fields
@@ -355,8 +355,15 @@ def write(flow: http.HTTPFlow, new: Request, body: bytes | None, raw: bytes | No
     content = raw if new.body == body else (encoding.encode(new.body, encoding_name) if encoding_name else new.body)
     if content != req.raw_content:
         req.raw_content = content
-    if "content-length" in req.headers and req.headers["content-length"] != str(len(content)):
+    length = req.headers.get("content-length")
+    if length is not None and length != str(len(content)):
         req.headers["content-length"] = str(len(content))
+
+
+@functools.lru_cache(maxsize=256)
+def _authority(host_header: str) -> tuple[str, int | None]:
+    """The Host header's (host, port), checked (ValueError); kept for the few a client sends."""
+    return url.parse_authority(host_header, check=True)
 
 
 def _check_framing(headers, host: str, response: bool = False) -> None:

@@ -75,11 +75,11 @@ class ResponsePhase:
         resp.stream = self.addon.stream_callable(flow, decoder, engine.sealer.stream(), "response")
 
     def _scrub_head(self, flow: http.HTTPFlow, resp: http.Response) -> None:
-        sealer = self.addon.engine.sealer
-        fields, counts = sealer.seal_fields(resp.headers.fields)
+        memo = self.addon.engine.memo
+        fields, counts = memo.seal_fields(resp.headers.fields)
         if counts:
             resp.headers.fields = fields
-        reason = sealer.seal(resp.data.reason)
+        reason = memo.seal(resp.data.reason)
         if reason.changed:
             resp.data.reason = reason.data
             counts.update(reason.counts)
@@ -95,7 +95,7 @@ class ResponsePhase:
             return
         if resp.trailers:
             # Sent after this hook, streamed body or not.
-            fields, counts = engine.sealer.seal_fields(resp.trailers.fields)
+            fields, counts = engine.memo.seal_fields(resp.trailers.fields)
             if counts:
                 resp.trailers.fields = fields
                 self.outputs.record(flow, "scrubbed", counts)
