@@ -902,9 +902,9 @@ def _short_escapes(values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
             at = written.find(escape)
             while at != -1:
                 head, tail = written[max(0, at - 3) : at], written[at + 2 : at + 5]
-                # As written once, and in a JSON string inside one or two more (the
-                # escape's backslash escaped again: `\\t`, `\\\\t`; the neighbours
-                # hold no `\\` or `"`, so they stay as they are).
+                # As written once, and in a JSON string inside one or two more (a
+                # control byte's escape with its backslash escaped again: `\\t`,
+                # `\\\\t`; the neighbours hold no `\\` or `"`, so they stay as they are).
                 if len(head) == 3 and b"\\" not in head:
                     literals.update(head + layered for layered in _layered(escape))
                 elif len(tail) == 3 and b"\\" not in tail:
@@ -916,7 +916,10 @@ def _short_escapes(values: list[bytes]) -> tuple[list[bytes], list[bytes]]:
 
 
 def _layered(escape: bytes) -> tuple[bytes, ...]:
-    """A short escape (`\\n`) as one, two and three JSON string layers write it."""
+    """A short escape of a control byte (`\\n`) as one, two and three JSON string layers
+    write it. (`\\"` two layers down is `\\\\\\"`, which the `\\\\` pattern catches.)"""
+    if escape == b'\\"':
+        return (escape,)
     return escape, b"\\" + escape, b"\\\\\\" + escape
 
 
