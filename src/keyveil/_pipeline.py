@@ -791,7 +791,7 @@ def _base64_tokens(data: bytes, layers: int = 1) -> Iterator[bytes]:
             if len(part) % 4 == 1:
                 part = part[:-1]  # a lone last character holds no whole byte
             decoded = decode_base64(part)
-            if may_hold_reference(decoded):
+            if may_hold_reference(decoded, escaped=True):  # `{{s\u0065cret:…}}` too
                 yield decoded
             elif layers > 1 and len(decoded) >= 16:
                 yield from _base64_tokens(decoded, layers - 1)

@@ -101,10 +101,16 @@ _MARKERS = Literals([b"{secret:", b"Bsecret", b"bsecret"])
 # raw bytes, whichever of its characters were escaped: `secret` itself (its
 # braces or colon escaped: `\\u007b\\u007bsecret\\u003a…`), or the escape of one
 # of its letters (`\\u0073`, `%73`: their hex digits are digits, so the case of
-# hex letters does not matter). Letters escaped through two layers at once
-# (`%2573`) are not looked for.
+# hex letters does not matter); through two layers at once, percent twice
+# (`%2573`) or a percent sign JSON-escaped (`\\u002573`: `u0025`).
 _HIDDEN = Literals(
-    [b"secret", *(b"u00%x" % c for c in b"secrt"), *(b"%%%x" % c for c in b"secrt")]
+    [
+        b"secret",
+        *(b"u00%x" % c for c in b"secrt"),
+        *(b"%%%x" % c for c in b"secrt"),
+        *(b"%%25%x" % c for c in b"secrt"),
+        b"u0025",
+    ]
 )
 _SECRET = 0  # the index of b"secret" in _HIDDEN
 
