@@ -519,6 +519,9 @@ _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 #: block of lines this wide or wider)
 MIN_RUN = 24
 # A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
+# A value cut short inside or before a percent escape: `…%`, `…%4`, or `%4F` right after it.
+_CUT_BY_PERCENT = re.compile(rb"%[0-9A-Fa-f]?\Z")
+_PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
 _ESCAPED_TOKEN_CHAR = re.compile(rb"\\u00(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9dD]|2[bBdDfF]|5[fF])|\\/")
 
 
@@ -667,6 +670,8 @@ class Detector:
             return  # base64 of text, wrapped: what it holds is detected in its decoding (the views)
         if _ESCAPED_TOKEN_CHAR.match(data, e):
             return  # cut short by a JSON escape of one of its own characters (`…dG9r\u005A…`): whole in the JSON view
+        if _CUT_BY_PERCENT.search(data, s, e) or _PERCENT_ESCAPE.match(data, e):
+            return  # cut by a percent escape (`glpat/F3TK%4`, `…%2F` after it): whole in the percent view
         value = bytes(data[s:e])
         name = _name_at(data, start, m.end("rest"))
         for named in self._named:
