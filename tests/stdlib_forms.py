@@ -61,7 +61,12 @@ What it does NOT produce (so a green run says nothing about these):
   one two layers down (``<run>%253D``), a literal ``%`` before a run that
   starts with two hex digits (``100%12…``); the session-7 attack found leaks
   there, pinned by tests in tests/test_decode_then_match.py instead;
-- a wrapped block whose first line is shorter than the lines after it;
+- a wrapped block whose first line is shorter than the lines after it (a
+  label sharing the first line), and one whose line breaks mix LF and CRLF
+  behind a glued prefix; the session-9 attack found leaks there, pinned by
+  tests in tests/test_decode_then_match.py;
+- a short word on the line after a one-line run with text going on after it
+  (``<run>\nok here``), or a whole group glued before a block (``Zm9v<block>``);
 - base64 characters that are not the payload's glued before a run over 512
   characters (``id-<run>``, the ``n`` after a literal backslash in source
   code), a path prefix and a suffix glued to both ends of a block at once,
@@ -72,7 +77,9 @@ What it does NOT produce (so a green run says nothing about these):
   UTF-8, lone surrogates), overlong or invalid percent escapes, base64 with
   whitespace other than line breaks inside a run, or with non-zero pad bits;
 - a value with control characters (values are printable text of 8–48
-  characters, never containing ``{``, ``}`` or ``|``);
+  characters, never containing ``{``, ``}`` or ``|``): the session-9 attack
+  found a value holding a TAB or a line break leaking from JSON inside JSON,
+  pinned by tests in tests/test_decode_then_match.py;
 - header folding, HTTP/2 header compression tricks, chunk extensions: the
   transports of the leak corpus carry the forms, they do not add encodings.
 """

@@ -233,9 +233,8 @@ def test_an_assigned_value_cut_by_a_percent_escape_is_found_whole(rd):
     """`TOKEN=…%4F…` and `API_KEY=…%2Fabc` in percent-encoded text: a value cut inside or
     before an escape is a piece that is no value (a random-seed soak, 161696831, learned
     four such pieces ending in `%`, `%4`, `%7` from its carriers; none with the rule). The
-    percent view holds the value whole, and it is found there, alone. (This test guards
-    the whole value; it passes without the rule too: the soak's pieces came from layered
-    carriers this test does not rebuild.)"""
+    percent view holds the value whole, and it is found there, alone. A value that ends
+    inside an escape cut short (`…%4` at the end of a piece of text) is no value at all."""
     value = secrets.token_urlsafe(24)
     at = len(value) // 2
     for text in (
@@ -245,6 +244,8 @@ def test_an_assigned_value_cut_by_a_percent_escape_is_found_whole(rd):
         whole = (value + "/abc") if text.startswith("API_KEY") else value
         found = rd.find([text.encode()])
         assert [(f.kind, f.value) for f in found] == [("assignment", whole.encode())], text
+    for cut in ("%", "%4"):
+        assert rd.find([("TOKEN=" + value + cut).encode()]) == []
 
 
 def test_one_line_of_wrapped_base64_of_binary_is_still_an_assigned_value(rd):

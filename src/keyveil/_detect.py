@@ -518,10 +518,10 @@ _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 #: is 28 (the detection views decode runs from this length; behind `\\n` escapes they join a
 #: block of lines this wide or wider)
 MIN_RUN = 24
-# A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
 # A value cut short inside or before a percent escape: `…%`, `…%4`, or `%4F` right after it.
 _CUT_BY_PERCENT = re.compile(rb"%[0-9A-Fa-f]?\Z")
 _PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
+# A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
 _ESCAPED_TOKEN_CHAR = re.compile(rb"\\u00(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9dD]|2[bBdDfF]|5[fF])|\\/")
 
 

@@ -19,6 +19,7 @@ value: only names.
 from __future__ import annotations
 
 import binascii
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -335,7 +336,7 @@ class Sealer:
         spaced = None
         if not plus and b"+" in data and _PERCENT_PLUS.search(data) is not None:
             source = cut if breaks else data
-            spaced = lambda: unquote_to_bytes(source.replace(b"+", b" "))  # noqa: E731
+            spaced = functools.cache(lambda: unquote_to_bytes(source.replace(b"+", b" ")))  # once, however many runs ask
         sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout)
         if not sub:
             return []

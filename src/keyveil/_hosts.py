@@ -32,13 +32,11 @@ _PORT = re.compile(r"[0-9]{1,5}\Z")
 
 
 @functools.lru_cache(maxsize=4096)  # pure, and asked for the same few hosts on every request
-@functools.lru_cache(maxsize=1024)
 def normalize_host(host: str) -> str:
     """HOST lowercased, one trailing dot stripped, IDNA-encoded; IP literals canonical.
 
-    Raise ValueError saying why HOST is not a host name. (Kept for the hosts
-    seen last: a request's destination is normalised three times, and a
-    client asks for the same few hosts; an error is raised anew each time.)
+    Raise ValueError saying why HOST is not a host name (anew each time: the
+    cache keeps results, not errors).
     """
     if not host:
         raise ValueError("empty host")

@@ -609,15 +609,14 @@ class Engine:
 
         def scan(data: bytes, auth: bool, url: bool = False, into: _References = refs) -> None:
             # One marker scan: nothing more where DATA holds none (most headers).
-            refs = into
             for _, _, name, _ in find_references_layered(data):
                 if name not in self.names:
                     # in the rules but not in the vault, or not known at all (plain text)
-                    (refs.valueless if name in self.bound_names else refs.unknown).add(name)
+                    (into.valueless if name in self.bound_names else into.unknown).add(name)
                     continue
-                refs.anywhere.add(name)
+                into.anywhere.add(name)
                 if auth:
-                    refs.auth.add(name)
+                    into.auth.add(name)
 
         # Where a reference left over blocks the request, it is looked for through
         # two layers of base64 (SPEC §3); elsewhere (it is only reported) through one.
