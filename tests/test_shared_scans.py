@@ -95,3 +95,69 @@ def test_a_mutable_buffer_is_never_kept():
         first = runs_of(data, 24)
         data[100:101] = b" "  # cuts the run in two
         assert runs_of(data, 24) == list(base64_runs(bytes(data), 24)) != first
+
+
+# -- the sealer's scan and the detector's, in one pass ----------------------------------------
+
+
+def _with_tokens(rng: random.Random, values: list[bytes]) -> bytes:
+    """A generated buffer with values, tokens, keywords and escapes the detector's views look for."""
+    from tests.tokens import MAKERS, samples
+
+    pieces = [_buffer(rng).decode()]
+    for _ in range(rng.randint(0, 6)):
+        pick = rng.randrange(6)
+        if pick == 0:
+            pieces.append(rng.choice(values).decode())
+        elif pick == 1:
+            pieces.append(samples(rng.choice(sorted(MAKERS)))[0][0])
+        elif pick == 2:
+            pieces.append(rng.choice(["API_KEY=", "token: ", '"secret": "', "Password="]) + base64.b64encode(rng.randbytes(18)).decode())
+        elif pick == 3:
+            pieces.append(rng.choice(["\\/", "\\\\/", "\\u0041", "\\\\u0041", "-----BEGIN PRIVATE KEY-----\\n"]))
+        else:
+            pieces.append(base64.b64encode(rng.choice(values)).decode())
+    rng.shuffle(pieces)
+    return rng.choice([" ", "\n", ""]).join(pieces).encode()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_scan_for_the_sealer_and_the_detector_finds_what_each_finds_alone(seed: int) -> None:
+    from keyveil._detect import shipped_detector
+    from keyveil._detected import RequestDetector
+    from keyveil._engine import Sealer
+
+    rng = random.Random(seed)
+    detector = shipped_detector()
+    values = {f"t/v{i}": [base64.b64encode(rng.randbytes(rng.randint(12, 30)))] for i in range(20)}
+    alone, joint = Sealer(values), Sealer(values, companion=detector.expressions)
+    request_detector = RequestDetector(detector, bytes(32))
+    flat = [v for vs in values.values() for v in vs]
+    hits_seen = 0
+    for _ in range(150):
+        data = _with_tokens(rng, flat)
+        with shared_scans():
+            hits = joint.companion_hits(data)
+            assert sorted(hits) == sorted(detector.hits(data))
+            assert joint.seal(data).data == alone.seal(data).data
+        hits_seen += bool(hits)
+        with shared_scans():
+            together = request_detector.find([data], hits=joint.companion_hits)
+            sealed = joint.seal(data)
+        assert [(f.name, f.value) for f in together] == [(f.name, f.value) for f in request_detector.find([data])]
+        assert sealed.data == alone.seal(data).data
+    assert hits_seen > 50  # the generator gives the detector something to find
+
+
+def test_the_shared_scan_is_kept_per_sealer() -> None:
+    # Two sealers number their values apart: one's scan is never handed to the other.
+    from keyveil._detect import shipped_detector
+    from keyveil._engine import Sealer
+
+    expressions = shipped_detector().expressions
+    a = Sealer({"a/one": [b"aaaa-first-value-0001"]}, companion=expressions)
+    b = Sealer({"b/one": [b"bbbb-other-value-0002"], "b/two": [b"aaaa-first-value-0001"]}, companion=expressions)
+    data = b"x aaaa-first-value-0001 y"
+    with shared_scans():
+        assert a.seal(data).data == b"x {{secret:a/one}} y"
+        assert b.seal(data).data == b"x {{secret:b/two}} y"

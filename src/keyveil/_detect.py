@@ -554,6 +554,16 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
     return len(decoded.translate(None, _PRINTABLE)) <= len(decoded) // 20
 
 
+#: What tells detection's JSON view it is needed (keyveil._detected): a `\\/` or a `\\u` escape of a
+#: digit or letter (each hit checked to be an escape, not an escaped backslash and text), and the
+#: header of a private key whose line breaks may be escapes. Indexes from `Detector.view_base`.
+VIEW_TRIGGERS: tuple[tuple[bytes, int], ...] = (
+    (rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))", 0),
+    (escaped(b"PRIVATE KEY"), hyperscan.HS_FLAG_SINGLEMATCH),
+)
+TOKEN_ESCAPE, PRIVATE_KEY = 0, 1
+
+
 @dataclass(frozen=True, slots=True)
 class _Shape:
     rank: int
@@ -618,10 +628,16 @@ class Detector:
         self._checks: list[tuple[_Shape, ...]] = [tuple(literals[literal]) for literal in prefixes]
         self._lengths = [len(literal) for literal in prefixes] + [len(word) for word in sorted(keywords)]
         self._keyword_base = len(prefixes)
-        self._scanner = Scanner(
-            [*map(escaped, prefixes), *(escaped(word) + _KEYWORD_TAIL for word in sorted(keywords))],
-            [0] * len(prefixes) + [hyperscan.HS_FLAG_SOM_LEFTMOST] * len(keywords),
+        #: what one scan of a buffer looks for, as (Hyperscan expression, flags): the prefixes,
+        #: the keywords, then what tells the decoded views they are needed (VIEW_TRIGGERS). The
+        #: sealer compiles them with its values (`Sealer(companion=…)`): one pass for both.
+        self.expressions: tuple[tuple[bytes, int], ...] = (
+            *((escaped(p), 0) for p in prefixes),
+            *((escaped(word) + _KEYWORD_TAIL, hyperscan.HS_FLAG_SOM_LEFTMOST) for word in sorted(keywords)),
+            *VIEW_TRIGGERS,
         )
+        self.view_base = len(prefixes) + len(keywords)
+        self._scanner = Scanner([e for e, _ in self.expressions], [f for _, f in self.expressions])
         # The value of an assignment is at least this long: the shortest the
         # randomness test or a named shape accepts.
         shortest = min([self._min_length, *(_min_width(n.regex) for n in self._named)])
@@ -634,15 +650,23 @@ class Detector:
     def kinds(self) -> list[str]:
         return [*self.entries, self.assignment_kind]
 
-    def find(self, data: bytes | bytearray | memoryview) -> list[Detection]:
-        """Every detected value in DATA, left to right, not overlapping. Never capped."""
+    def hits(self, data: bytes | bytearray | memoryview) -> list[tuple[int, int, int]]:
+        """(index in `expressions`, start, end) of every match in DATA: one scan."""
+        return self._scanner.find(data)
+
+    def find(self, data: bytes | bytearray | memoryview, hits: list[tuple[int, int, int]] | None = None) -> list[Detection]:
+        """Every detected value in DATA, left to right, not overlapping. Never capped.
+        HITS: ``hits(DATA)``, when a scan shared with the sealer made them already."""
         found: list[tuple[int, int, int, str]] = []  # rank, start, end, kind
         n = len(data)
         base = self._keyword_base
+        views = self.view_base
         checks = self._checks
         assign = self._assign.match
         lengths = self._lengths
-        for index, start, end in self._scanner.find(data):
+        for index, start, end in self._scanner.find(data) if hits is None else hits:
+            if index >= views:
+                continue
             if index < base:
                 start = end - lengths[index]
                 if not _clear_before(data, start):

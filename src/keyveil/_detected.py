@@ -21,14 +21,13 @@ from __future__ import annotations
 import binascii
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
-from ._detect import MIN_RUN, Detector, detected_name
+from ._detect import MIN_RUN, PRIVATE_KEY, TOKEN_ESCAPE, Detector, detected_name
 from ._errors import VaultError
-from ._matcher import Literals
 from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_alphabet
 
 #: every detected value is named under this prefix; such a name is never bound
@@ -101,21 +100,44 @@ class RequestDetector:
     def name(self, kind: str, value: bytes) -> str:
         return detected_name(kind, value, self._key)
 
-    def find(self, parts: Iterable[bytes], known: frozenset[bytes] | set[bytes] = frozenset(), margin: int = 0) -> list[Found]:
-        """Every value found in PARTS or their decoded views and not in KNOWN, once each, in order. Never capped."""
+    def find(
+        self, parts: Iterable[bytes], known: frozenset[bytes] | set[bytes] = frozenset(), margin: int = 0,
+        hits: Callable[[bytes], list[tuple[int, int, int]]] | None = None,
+    ) -> list[Found]:
+        """Every value found in PARTS or their decoded views and not in KNOWN, once each, in order. Never capped.
+
+        HITS: the detector's scan of a buffer (``Detector.hits``), made by the sealer
+        when it compiled the detector's expressions with its values
+        (``Sealer.companion_hits``): then a buffer both read is scanned once."""
         seen: dict[bytes, Found] = {}
+        hits = _once(hits or self.detector.hits)
         for part in parts:
             if not part:
                 continue
-            for view in views(part):
-                for d in self.detector.find(view):
+            for view in views(part, detector=self.detector, hits=hits):
+                for d in self.detector.find(view, hits(view)):
                     if d.value not in seen and d.value not in known:
                         around = view[max(0, d.start - margin) : d.end + margin] if margin else b""
                         seen[d.value] = Found(self.name(d.kind, d.value), d.kind, d.value, around)
         return list(seen.values())
 
 
-def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
+def _once(hits: Callable[[bytes], list]) -> Callable[[bytes], list]:
+    """HITS, asked once per buffer (views and detections read the same scan)."""
+    kept: dict[int, tuple[bytes, list]] = {}
+
+    def once(data: bytes) -> list:
+        entry = kept.get(id(data))
+        if entry is None or entry[0] is not data:
+            entry = kept[id(data)] = (data, hits(data))
+        return entry[1]
+
+    return once
+
+
+def views(
+    data: bytes, depth: int = 0, detector: Detector | None = None, hits: Callable[[bytes], list] | None = None
+) -> Iterator[bytes]:
     """DATA, then the decoded views of it that may hold a token the raw bytes hide, MAX_DEPTH layers down.
 
     A view is built only where an escape could cut or hide a token, so that a
@@ -135,15 +157,22 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
     yield data
     if depth >= MAX_DEPTH:
         return
+    if detector is None:
+        from ._detect import shipped_detector  # asked alone (tests): the shipped table
+
+        detector = shipped_detector()
+    hits = hits or _once(detector.hits)
     runs = runs_of(data, MIN_RUN) if len(data) >= MIN_RUN else []
-    if b"\\" in data and (_json_view_needed(data) or _block_wrapped_in_json(data, runs)):
+    if b"\\" in data and (
+        _json_view_needed(data, hits(data), detector.view_base) or _block_wrapped_in_json(data, runs)
+    ):
         decoded = json_unescape(data)
         if decoded != data:
-            yield from views(decoded, depth + 1)
+            yield from views(decoded, depth + 1, detector, hits)
     if b"%" in data:
         pieces = _percent_runs(data)
         if pieces:
-            yield from views(pieces, depth + 1)
+            yield from views(pieces, depth + 1, detector, hits)
     if runs:
         for run in runs:
             offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
@@ -153,39 +182,29 @@ def views(data: bytes, depth: int = 0) -> Iterator[bytes]:
                     continue
                 decoded = Base64View(data, run, align).data
                 if _textual(decoded):
-                    yield from views(decoded, depth + 1)
+                    yield from views(decoded, depth + 1, detector, hits)
 
 
-#: a JSON escape that can cut or hide a token: `\\/`, or a `\\u` escape of a digit or letter (run
-#: only when _VIEW_LITERALS saw `\\/` or `\\u00`: the regex visits every backslash)
-_TOKEN_ESCAPE = re.compile(rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))")
 #: the header of what the private-key shape takes (config/detectors.yaml): a certificate's is not one
 _PEM_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]{0,64}PRIVATE KEY")
 
 
-def _token_escape(data: bytes) -> bool:
-    """A `\\/` or `\\u0041` that is an escape: not `\\\\/` or `\\\\u0041`, an escaped backslash and then
-    text (source code, a regex, a Windows path), whose view would be the buffer with only its backslashes
-    halved: a second whole scan that finds nothing new."""
-    for m in _TOKEN_ESCAPE.finditer(data):
-        if is_escape(data, m.start()):
-            return True
-    return False
-
-
-#: what a JSON view is built for, found in one SIMD scan (3-4× cheaper on prose than
-#: the regexes, which visit every `\\n` and `\\"`, or than a bytes.find per literal)
-_VIEW_LITERALS = Literals([b"\\/", b"\\u00", b"PRIVATE KEY"])
-
-
-def _json_view_needed(data: bytes) -> bool:
-    """A token escape, a private key whose line breaks are `\\n` (the regexes run only where
-    their literal occurs), or base64 wrapped with `\\n` escapes (a file from the GitHub contents
-    API): its lines are joined only in the JSON view, and a token lies across them."""
-    seen = {index for index, _, _ in _VIEW_LITERALS.find(data)}
-    if (0 in seen or 1 in seen) and _token_escape(data):
-        return True
-    return 2 in seen and b"\\n" in data and _PEM_KEY.search(data) is not None
+def _json_view_needed(data: bytes, hits: list[tuple[int, int, int]], base: int) -> bool:
+    """A token escape, a private key whose line breaks are `\\n` (the regex runs only where
+    its literal occurs), or base64 wrapped with `\\n` escapes (a file from the GitHub contents
+    API): its lines are joined only in the JSON view, and a token lies across them. HITS: the
+    detector's scan of DATA, which looks for the escapes and the key's header too (VIEW_TRIGGERS,
+    from index BASE)."""
+    key = False
+    for index, _, end in hits:
+        if index == base + TOKEN_ESCAPE:
+            # `\\/` or `\\u0041` that is an escape, not `\\\\/`: an escaped backslash and then text
+            # (source code, a regex, a Windows path), whose view would only halve the backslashes.
+            if is_escape(data, end - (2 if data[end - 1] == 0x2F else 6)):
+                return True
+        elif index == base + PRIVATE_KEY:
+            key = True
+    return key and b"\\n" in data and _PEM_KEY.search(data) is not None
 
 
 #: the next line of a block: base64 to its end (an escaped break, a quote, the end of the

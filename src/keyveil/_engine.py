@@ -46,6 +46,7 @@ from ._views import (
     json_unescape,
     json_windows,
     runs_of,
+    worked_out,
     wrapped_in_json,
 )
 
@@ -97,7 +98,9 @@ class Sealer:
     previous ones still retained after a rotation. All are sealed the same way.
     """
 
-    def __init__(self, values: Mapping[str, Sequence[bytes]]) -> None:
+    def __init__(self, values: Mapping[str, Sequence[bytes]], companion: Sequence[tuple[bytes, int]] = ()) -> None:
+        """COMPANION: the expressions detection looks for (``_detect.Detector.expressions``),
+        compiled with the values: the buffers both read are scanned once (``companion_hits``)."""
         owner: dict[bytes, str] = {}
         # Current values claim their bytes before previous ones, and names
         # are taken in sorted order, so a value shared by two entries always
@@ -112,7 +115,10 @@ class Sealer:
         self._names = [owner[v] for v in self._values]
         self._references = [format_reference(n).encode("ascii") for n in self._names]
         self.names = frozenset(values)
-        self._raw = Matcher(self._values, weak=[i for i, n in enumerate(self._names) if n.startswith(DETECTED_PREFIX)])
+        self._raw = Matcher(
+            self._values, weak=[i for i, n in enumerate(self._names) if n.startswith(DETECTED_PREFIX)], companion=companion
+        )
+        self._companion = bool(companion)
         shortest = min(map(len, self._values), default=0)
         # No encoding of SPEC §3 is shorter than what it encodes: a buffer shorter
         # than every value holds none, in any form (host names, methods, most headers).
@@ -156,7 +162,7 @@ class Sealer:
             return []
         edits = [
             Edit(start, end, self._references[index], (self._names[index],), depth)
-            for index, start, end in self._raw.find(data)
+            for index, start, end in (self._scanned(data)[0] if self._companion else self._raw.find(data))
         ]
         if depth < MAX_LAYERS and self._values:
             edits += self._in_views(data, depth, text, plus, spaced, layout)
@@ -381,6 +387,14 @@ class Sealer:
                     return found
                 first = first or found
         return first or ([], 0)
+
+    def _scanned(self, data: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """The values' matches in DATA and the companion's, from one scan kept per buffer in shared_scans."""
+        return worked_out("sealer", data, self, self._raw.find_with)  # keyed by the sealer itself: its numbering
+
+    def companion_hits(self, data: bytes) -> list[tuple[int, int, int]]:
+        """The companion's matches in DATA (index, start, end); the values' are kept for the seal that follows."""
+        return self._scanned(data)[1]
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""

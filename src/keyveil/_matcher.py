@@ -46,16 +46,24 @@ class Scanner:
 
 class Literals:
     """Every occurrence of each of PATTERNS (bytes) in a buffer, overlapping ones
-    included: one Hyperscan scan (its SIMD literal matchers) whatever their number."""
+    included: one Hyperscan scan (its SIMD literal matchers) whatever their number.
 
-    def __init__(self, patterns: Sequence[bytes]) -> None:
+    COMPANION: (expression, flags) pairs another reader of the same buffers
+    looks for (the detector's shapes and keywords): compiled into the same
+    database, so that both readers' matches come from one pass (``find_with``)."""
+
+    def __init__(self, patterns: Sequence[bytes], companion: Sequence[tuple[bytes, int]] = ()) -> None:
         self.patterns = list(patterns)
         self._lengths = [len(p) for p in self.patterns]
         # Hyperscan limits an expression's size (about 16,000 positions; 4,890 random
         # bytes): a longer pattern is looked for by its first _LITERAL_MAX bytes, and
         # each occurrence of those is confirmed whole.
         self._long = any(n > _LITERAL_MAX for n in self._lengths)
-        self._scanner = Scanner([escaped(p[:_LITERAL_MAX]) for p in self.patterns])
+        self._companion = len(companion)
+        self._scanner = Scanner(
+            [*(escaped(p[:_LITERAL_MAX]) for p in self.patterns), *(e for e, _ in companion)],
+            [0] * len(self.patterns) + [f for _, f in companion],
+        )
 
     def __len__(self) -> int:
         return len(self.patterns)
@@ -63,20 +71,32 @@ class Literals:
     def any(self, data: bytes) -> bool:
         """True when DATA may hold a pattern (it holds one, or the head of a long one): one
         scan, stopped at the first match."""
+        if self._companion:
+            return bool(self.find(data))
         return self._scanner.any(data)
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(pattern index, start, end) of every occurrence, in the order of their ends."""
+        return self.find_with(data)[0]
+
+    def find_with(self, data: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """What ``find`` returns, and the companion's matches: (its expression index, start, end)."""
+        hits = self._scanner.find(data)
+        companion: list[tuple[int, int, int]] = []
+        if self._companion:
+            base = len(self.patterns)
+            companion = [(index - base, start, end) for index, start, end in hits if index >= base]
+            hits = [hit for hit in hits if hit[0] < base] if len(companion) < len(hits) else []
         lengths = self._lengths
         if not self._long:
-            return [(index, end - lengths[index], end) for index, _, end in self._scanner.find(data)]
+            return [(index, end - lengths[index], end) for index, _, end in hits], companion
         found = []
-        for index, _, end in self._scanner.find(data):
+        for index, _, end in hits:
             length = lengths[index]
             start = end - min(length, _LITERAL_MAX)
             if length <= _LITERAL_MAX or data.startswith(self.patterns[index], start):
                 found.append((index, start, start + length))
-        return found
+        return found, companion
 
 
 _LITERAL_MAX = 1024
@@ -87,13 +107,16 @@ class Matcher:
     a weak pattern's match gives way to a strong one it overlaps.
 
     Every occurrence of every pattern comes from one scan (``Literals``); which
-    of them are taken is decided here, from all of them.
+    of them are taken is decided here, from all of them. COMPANION: as for
+    ``Literals``; ``find_with`` returns its matches too.
     """
 
-    def __init__(self, patterns: Sequence[bytes], weak: Collection[int] = ()) -> None:
+    def __init__(
+        self, patterns: Sequence[bytes], weak: Collection[int] = (), companion: Sequence[tuple[bytes, int]] = ()
+    ) -> None:
         """WEAK: indexes of patterns that give way to the others: a weak match
         never hides a strong one it overlaps (the sealer's detected values)."""
-        self._literals = Literals(patterns)
+        self._literals = Literals(patterns, companion)
         self.patterns = self._literals.patterns
         self._weak = frozenset(weak)
 
@@ -106,7 +129,14 @@ class Matcher:
 
     def find(self, data: bytes) -> list[tuple[int, int, int]]:
         """(pattern index, start, end) of every pattern in DATA, leftmost-longest, not overlapping."""
-        occurrences = self._literals.find(data)
+        return self._chosen(self._literals.find(data))
+
+    def find_with(self, data: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """What ``find`` returns, and the companion's matches (``Literals.find_with``): one scan."""
+        occurrences, companion = self._literals.find_with(data)
+        return self._chosen(occurrences), companion
+
+    def _chosen(self, occurrences: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         if not occurrences:
             return []
         confirmed = sorted((start, start - end, index) for index, start, end in occurrences)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote_plus, unquote_to_bytes
 
@@ -296,7 +296,12 @@ def _sealed_field(sealer: Sealer, name: bytes, value: bytes) -> tuple:
 class Engine:
     """Rules and values compiled together; one per vault or rules change."""
 
-    def __init__(self, rules: CompiledRules, snapshot: VaultSnapshot, detected: dict[str, bytes] | None = None) -> None:
+    def __init__(
+        self, rules: CompiledRules, snapshot: VaultSnapshot, detected: dict[str, bytes] | None = None,
+        detector: Sequence[tuple[bytes, int]] = (),
+    ) -> None:
+        """DETECTOR: the expressions detection scans for (``Detector.expressions``), compiled
+        into the sealer's scan when detection is on: a request is then scanned once for both."""
         self.rules = rules
         self.policy = rules.rules.policy
         self._snapshot = snapshot
@@ -328,7 +333,10 @@ class Engine:
         for name, previous in snapshot.previous.items():
             if name not in self.aliases:
                 every.setdefault(name, []).extend(previous)
-        self.sealer = Sealer(every)
+        detector = detector if self.policy.detected != "off" else ()
+        self.sealer = Sealer(every, companion=detector)
+        #: the detector's scan of a buffer, made with the sealer's (None: detection scans alone)
+        self.detector_hits = self.sealer.companion_hits if detector else None
         #: the sealer's results for short buffers that repeat (headers, paths): one memo per engine
         self.memo = SealMemo(self.sealer)
         self._header_references = _Memo()  # header field (name, value) -> the references it holds

@@ -20,7 +20,7 @@ import bisect
 import codecs
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -208,6 +208,16 @@ def _keep(kind: str, data: bytes, key, *value) -> None:
     cache = _SHARED.get()
     if cache is not None and type(data) is bytes:
         cache[(kind, id(data), key)] = (data, *value)
+
+
+def worked_out(kind: str, data: bytes, key, compute: Callable[[bytes], object]):
+    """COMPUTE(DATA), worked out once per buffer (KIND, KEY) in ``shared_scans``; outside one, each time."""
+    entry = _shared(kind, data, key)
+    if entry is not None:
+        return entry[1]
+    result = compute(data)
+    _keep(kind, data, key, result)
+    return result
 
 
 def wrapped_in_json(data: bytes) -> bool:

@@ -149,7 +149,7 @@ class Keyveil:
         snapshot = watcher.start()  # VaultUnavailable here stops the proxy (exit 2)
         _warn_if_exposed(rules_path, home)
         self.detection.configure(home)  # detect: the key of detected IDs, beside the vault key
-        self.engine = Engine(rules, snapshot, self.detected)
+        self.engine = Engine(rules, snapshot, self.detected, self.detection.expressions)
         if self._vault is not None:
             self._vault.close()
         self._vault, self._snapshot = watcher, snapshot
@@ -215,14 +215,14 @@ class Keyveil:
             if force:
                 self._generation = generation
             if snapshot is not self._snapshot:
-                self.engine = Engine(self.engine.rules, snapshot, self.detected)
+                self.engine = Engine(self.engine.rules, snapshot, self.detected, self.detection.expressions)
                 self._snapshot = snapshot
         return self.engine
 
     def rebuild_engine(self) -> Engine:
         """detect: the engine again, now with the values detected since it was built."""
         assert self.engine is not None and self._snapshot is not None
-        self.engine = Engine(self.engine.rules, self._snapshot, self.detected)
+        self.engine = Engine(self.engine.rules, self._snapshot, self.detected, self.detection.expressions)
         return self.engine
 
     # -- shared by the phases -------------------------------------------------------

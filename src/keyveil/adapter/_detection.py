@@ -38,6 +38,12 @@ class DetectionPhase:
         """Compile the shipped detector and read (or create) the home's key of detected IDs."""
         self.detector = RequestDetector(shipped_detector(), detection_key(home.vault))
 
+    @property
+    def expressions(self) -> tuple[tuple[bytes, int], ...]:
+        """What the detector looks for, for the engine's sealer to compile with the values: a
+        request's buffers are then scanned once for both (``Sealer.companion_hits``)."""
+        return self.detector.detector.expressions if self.detector is not None else ()
+
     def request(self, flow: http.HTTPFlow, engine: Engine, req: Request) -> Engine:
         parts = [req.path, req.query or b"", *(v for k, v in req.headers if not is_auth_header(k)), req.body or b""]
         return self._look(flow, engine, engine.rules.is_provider(req.host, req.port, req.scheme), parts)
@@ -48,7 +54,7 @@ class DetectionPhase:
     def _look(self, flow: http.HTTPFlow, engine: Engine, provider: bool, parts: list[bytes]) -> Engine:
         if self.detector is None or engine.policy.detected == "off":
             return engine
-        found = self.detector.find(parts, engine.known_values, engine.detection_margin)
+        found = self.detector.find(parts, engine.known_values, engine.detection_margin, engine.detector_hits)
         # A token holding or touching a registered value (its base64, the value with
         # more around it) is that value's business: its own seal covers it.
         found = [f for f in found if not engine.overlaps_registered(f.value, f.around)]
