@@ -562,3 +562,34 @@ def test_the_letter_pair_table_is_what_the_standard_library_gives():
 def test_the_detector_has_a_short_repr(detector):
     text = repr(detector)
     assert text.startswith("<Detector kinds=") and "literals=" in text
+
+
+def _shortest_match(pattern: str) -> int:
+    """The fewest characters PATTERN can match, lookaheads counted (`ghs_(?=[…]{36})…` is 40)."""
+    import re._constants as sre_constants
+    import re._parser as sre_parser
+
+    def width(items, state) -> int:
+        total = 0
+        for i, (op, av) in enumerate(items):
+            if op is sre_constants.ASSERT and av[0] == 1:  # a lookahead: the rest must be at least as long
+                return total + max(width(list(av[1]), state), width(items[i + 1 :], state))
+            total += sre_parser.SubPattern(state, [(op, av)]).getwidth()[0]
+        return total
+
+    parsed = sre_parser.parse(pattern)
+    return width(list(parsed), parsed.state)
+
+
+def test_the_shortest_run_detection_decodes_is_the_base64_of_the_shortest_value_the_table_finds(detector):
+    # MIN_RUN decides which base64 runs the detection views decode: one shorter than the base64 of
+    # the shortest value any entry or assignment can find holds no detection. A table entry that
+    # finds shorter values must lower it.
+    from keyveil._detect import MIN_RUN
+
+    table = detector.table
+    shapes = {e.name: _shortest_match(e.shape) for e in table.detectors}
+    assignment = min(map(len, table.assignments.keywords)) + 1 + table.assignments.min_length  # `key=` and the value
+    shortest = min(*shapes.values(), assignment)
+    assert shapes["aws-access-key"] == 20 and shapes["github-app-token"] == 40  # lookaheads counted
+    assert MIN_RUN == -(-4 * shortest // 3) == 27

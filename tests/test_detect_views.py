@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
+import re
 import secrets
 from urllib.parse import quote
 
@@ -270,3 +272,27 @@ def test_an_unregistered_token_in_a_dotenv_fetched_from_the_github_contents_api_
         if nesting == 2:
             body = json.dumps({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": body}]}]})
         assert ("github-pat", value.encode()) in [(f.kind, f.value) for f in rd.find([body.encode()])], pad
+
+
+def test_percent_runs_are_the_url_runs_holding_an_escape() -> None:
+    # Oracle: every maximal run of URL characters that holds a %XX escape, decoded by urllib
+    # (again with `+` as a space when it holds one), whatever the length of the text around it.
+    from urllib.parse import unquote_to_bytes
+
+    from keyveil._detected import _percent_runs
+
+    url_run = re.compile(rb"[A-Za-z0-9%\-._~+/=:]+")
+    rng = random.Random(5)
+    alphabet = b"abcXYZ09%-._~+/=: \n\"&?4F2"
+    for _ in range(3000):
+        data = bytes(rng.choice(alphabet) for _ in range(rng.choice([5, 50, 500, 3000])))
+        if rng.random() < 0.3:
+            data = rng.choice([b"a", b" "]) * rng.randint(200, 3000) + data
+        expected = []
+        for m in url_run.finditer(data):
+            run = m.group()
+            if re.search(rb"%[0-9A-Fa-f]{2}", run):
+                expected.append(unquote_to_bytes(run))
+                if b"+" in run:
+                    expected.append(unquote_to_bytes(run.replace(b"+", b" ")))
+        assert _percent_runs(data) == b"\n".join(expected)

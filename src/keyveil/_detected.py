@@ -234,21 +234,36 @@ _PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
 _URLISH = bytes(1 if (chr(b).isascii() and (chr(b).isalnum() or chr(b) in "%-._~+/=:")) else 0 for b in range(256))
 
 
+_URL_RUN = re.compile(rb"[A-Za-z0-9%\-._~+/=:]*")
+
+
 def _percent_runs(data: bytes) -> bytes:
     """Each run of URL characters holding a ``%XX`` escape, decoded (twice when `+` may be a space), one per line."""
-    classes = data.translate(_URLISH)
     out: list[bytes] = []
     pos = 0
     while (m := _PERCENT_ESCAPE.search(data, pos)) is not None:
-        start = classes.rfind(b"\x00", 0, m.start()) + 1
-        end = classes.find(b"\x00", m.end())
-        end = len(data) if end == -1 else end
+        start = _run_start(data, m.start(), pos)
+        end = _URL_RUN.match(data, m.end()).end()
         run = data[start:end]
         out.append(unquote_to_bytes(run))
         if b"+" in run:
             out.append(unquote_to_bytes(run.replace(b"+", b" ")))
         pos = end
     return b"\n".join(out)
+
+
+def _run_start(data: bytes, at: int, floor: int) -> int:
+    """Where the run of URL characters ending at AT starts (not before FLOOR): read backwards in
+    growing windows, so that a body with a few escapes is not classified byte by byte."""
+    width = 256
+    while True:
+        low = max(floor, at - width)
+        cut = data[low:at].translate(_URLISH).rfind(b"\x00")
+        if cut != -1:
+            return low + cut + 1
+        if low == floor:
+            return floor
+        width *= 4
 
 
 def _head_chars(data: bytes, run) -> bytes:
