@@ -296,3 +296,31 @@ def test_percent_runs_are_the_url_runs_holding_an_escape() -> None:
                 if b"+" in run:
                     expected.append(unquote_to_bytes(run.replace(b"+", b" ")))
         assert _percent_runs(data) == b"\n".join(expected)
+
+
+def test_the_text_screen_never_turns_away_a_run_the_text_test_accepts() -> None:
+    # _may_read_as_text skips the decoding of runs that cannot read as text; it must never
+    # skip one `_textual` would take (stdlib base64 of random bytes, of text, of UTF-8).
+    from keyveil._detected import _head, _may_read_as_text, _textual
+
+    rng = random.Random(1)
+    accepted = skipped = 0
+    for _ in range(20000):
+        kind = rng.randrange(4)
+        if kind == 0:
+            raw = rng.randbytes(rng.randint(10, 80))
+        elif kind == 1:
+            raw = bytes(rng.choice(b"abcdefghij KLMNOP\n\t\xc3\xa9xyz") for _ in range(rng.randint(10, 80)))
+        elif kind == 2:
+            raw = "".join(rng.choice("a\u00e9\u20ac b\tc\u65e5d") for _ in range(rng.randint(5, 40))).encode()
+        else:
+            raw = bytes(rng.randrange(0x18, 0x90) for _ in range(rng.randint(10, 80)))
+        chars = (base64.b64encode if rng.random() < 0.5 else base64.urlsafe_b64encode)(raw).rstrip(b"=")
+        chars = bytes(rng.choice(b"ABCab") for _ in range(rng.randint(0, 3))) + chars  # a glued prefix
+        chars = chars.replace(b"-", b"+").replace(b"_", b"/")[:91]  # as _head_chars gives them
+        for align in range(4):
+            text = _textual(_head(chars, align))
+            assert _may_read_as_text(chars, align) or not text
+            accepted += text
+            skipped += not _may_read_as_text(chars, align)
+    assert accepted > 2000 and skipped > 20000  # both sides are exercised

@@ -178,7 +178,7 @@ def views(
             offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
             chars = _head_chars(data, run)
             for align in offsets:
-                if not _textual(_head(chars, align)):
+                if not _may_read_as_text(chars, align) or not _textual(_head(chars, align)):
                     continue
                 decoded = Base64View(data, run, align).data
                 if _textual(decoded):
@@ -287,6 +287,20 @@ def _head(chars: bytes, align: int) -> bytes:
 
 
 _TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
+#: the base64 characters whose 6 bits start a byte below 0x80: a group's first character,
+#: when the group decodes to ASCII text
+_LOW_HALF = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef"
+
+
+def _may_read_as_text(chars: bytes, align: int) -> bool:
+    """False when CHARS read from ALIGN cannot pass `_textual(_head(CHARS, ALIGN))`, told without
+    decoding: the first character of a group outside _LOW_HALF makes its first byte 0x80 or more.
+    The groups counted are those whose first byte lies in the bytes `_textual` looks at (4-67);
+    most runs in source code (identifiers, paths) fail here at every offset."""
+    groups = min(len(chars) - align, 88) // 4
+    firsts = chars[align + 8 : align + 4 * groups : 4]  # groups 2 .. groups-1: bytes 6, 9 .. 63
+    head = min(64, 3 * groups - 4)
+    return len(firsts.translate(None, _LOW_HALF)) <= head // 10
 
 
 def _textual(data: bytes) -> bool:

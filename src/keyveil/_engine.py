@@ -40,6 +40,7 @@ from ._views import (
     PercentView,
     Run,
     a2b_base64,
+    already_worked_out,
     base64_runs,
     decode_base64,
     escape_tail,
@@ -115,10 +116,12 @@ class Sealer:
         self._names = [owner[v] for v in self._values]
         self._references = [format_reference(n).encode("ascii") for n in self._names]
         self.names = frozenset(values)
-        self._raw = Matcher(
-            self._values, weak=[i for i, n in enumerate(self._names) if n.startswith(DETECTED_PREFIX)], companion=companion
-        )
-        self._companion = bool(companion)
+        weak = [i for i, n in enumerate(self._names) if n.startswith(DETECTED_PREFIX)]
+        self._raw = Matcher(self._values, weak=weak)
+        # The buffers detection reads (a request's parts, its decoded views) are scanned
+        # once for both, with the companion; the sealer's other buffers (its own views,
+        # decoded runs) with the values alone, which scans them faster.
+        self._joint = Matcher(self._values, weak=weak, companion=companion) if companion else None
         shortest = min(map(len, self._values), default=0)
         # No encoding of SPEC §3 is shorter than what it encodes: a buffer shorter
         # than every value holds none, in any form (host names, methods, most headers).
@@ -162,7 +165,7 @@ class Sealer:
             return []
         edits = [
             Edit(start, end, self._references[index], (self._names[index],), depth)
-            for index, start, end in (self._scanned(data)[0] if self._companion else self._raw.find(data))
+            for index, start, end in self._occurrences(data)
         ]
         if depth < MAX_LAYERS and self._values:
             edits += self._in_views(data, depth, text, plus, spaced, layout)
@@ -388,13 +391,21 @@ class Sealer:
                 first = first or found
         return first or ([], 0)
 
-    def _scanned(self, data: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-        """The values' matches in DATA and the companion's, from one scan kept per buffer in shared_scans."""
-        return worked_out("sealer", data, self, self._raw.find_with)  # keyed by the sealer itself: its numbering
+    def _occurrences(self, data: bytes) -> list[tuple[int, int, int]]:
+        """The values' matches in DATA: from the scan made for detection when it read DATA too."""
+        if self._joint is not None:
+            both = already_worked_out("sealer", data, self)
+            if both is not None:
+                return both[0]
+        return self._raw.find(data)
 
     def companion_hits(self, data: bytes) -> list[tuple[int, int, int]]:
-        """The companion's matches in DATA (index, start, end); the values' are kept for the seal that follows."""
-        return self._scanned(data)[1]
+        """The companion's matches in DATA (index, start, end), from one scan with the values; the
+        values' matches are kept (in shared_scans, keyed by the sealer itself: its numbering) for
+        the seal that follows. Without a companion: none."""
+        if self._joint is None:
+            return []
+        return worked_out("sealer", data, self, self._joint.find_with)[1]
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""

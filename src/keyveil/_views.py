@@ -220,6 +220,12 @@ def worked_out(kind: str, data: bytes, key, compute: Callable[[bytes], object]):
     return result
 
 
+def already_worked_out(kind: str, data: bytes, key):
+    """What ``worked_out`` kept for DATA (KIND, KEY) in the current block, or None."""
+    entry = _shared(kind, data, key)
+    return entry[1] if entry is not None else None
+
+
 def wrapped_in_json(data: bytes) -> bool:
     """Whether DATA may hold base64 wrapped inside a JSON string, for the sealer: a
     line of base64 (`\\/` and doubled backslashes count) as wide as the narrowest
