@@ -298,9 +298,9 @@ class Engine:
 
     def __init__(
         self, rules: CompiledRules, snapshot: VaultSnapshot, detected: dict[str, bytes] | None = None,
-        detector: Sequence[tuple[bytes, int]] = (),
+        detector_expressions: Sequence[tuple[bytes, int]] = (),
     ) -> None:
-        """DETECTOR: the expressions detection scans for (``Detector.expressions``), compiled
+        """DETECTOR_EXPRESSIONS: what detection scans for (``Detector.expressions``), compiled
         into the sealer's scan when detection is on: a request is then scanned once for both."""
         self.rules = rules
         self.policy = rules.rules.policy
@@ -333,10 +333,10 @@ class Engine:
         for name, previous in snapshot.previous.items():
             if name not in self.aliases:
                 every.setdefault(name, []).extend(previous)
-        detector = detector if self.policy.detected != "off" else ()
-        self.sealer = Sealer(every, companion=detector)
+        companion = detector_expressions if self.policy.detected != "off" else ()
+        self.sealer = Sealer(every, companion=companion)
         #: the detector's scan of a buffer, made with the sealer's (None: detection scans alone)
-        self.detector_hits = self.sealer.companion_hits if detector else None
+        self.detector_hits = self.sealer.companion_hits if companion else None
         #: the sealer's results for short buffers that repeat (headers, paths): one memo per engine
         self.memo = SealMemo(self.sealer)
         self._header_references = _Memo()  # header field (name, value) -> the references it holds
