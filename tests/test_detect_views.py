@@ -13,6 +13,7 @@ import os
 import random
 import re
 import secrets
+import string
 from urllib.parse import quote
 
 import pytest
@@ -198,7 +199,7 @@ def test_a_two_line_block_of_base64_text_is_not_an_assigned_value(rd, wrap, widt
 @pytest.mark.parametrize("width", [16, 76])
 def test_a_two_line_block_of_base64_text_in_json(rd, width):
     """The same block inside a JSON string, its breaks `\\n` escapes. The views join a
-    block of lines of 24 characters or more there (its token, across the break, is
+    block of lines of 27 characters or more there (its token, across the break, is
     found) and its first line is no value; a narrower block's lines are not joined, so
     its first line stays a detection rather than leave the token unsealed."""
     text, value = samples("github-pat")[0]
@@ -274,6 +275,40 @@ def test_an_unregistered_token_in_a_dotenv_fetched_from_the_github_contents_api_
         assert ("github-pat", value.encode()) in [(f.kind, f.value) for f in rd.find([body.encode()])], pad
 
 
+@pytest.mark.parametrize("width", [27, 33, 48, 64, 76])
+def test_a_token_in_wrapped_base64_text_inside_json_is_found_at_any_width_from_27(rd, width):
+    # A file's text (a comment in French first: UTF-8 bytes the text test lets by) as base64
+    # wrapped in a JSON string: its first line must open the JSON view, where it is joined.
+    for pad in range(0, 40, 9):
+        token, value = samples("github-pat")[0]
+        env = "# cl\u00e9 d'acc\u00e8s \u00e0 l'API\n" + "Y" * pad + "\nGH_TOKEN=" + token + "\n"
+        b64 = base64.b64encode(env.encode()).decode()
+        content = "\n".join(b64[i : i + width] for i in range(0, len(b64), width))
+        carrier = json.dumps({"content": content}).encode()
+        assert ("github-pat", value.encode()) in [(f.kind, f.value) for f in rd.find([carrier])], pad
+
+
+def test_lines_that_cannot_be_base64_of_text_open_no_json_view():
+    # Option names and constants before a `\n` in a tool result (a manual page, source code)
+    # look like the lines of a block, but no text decodes from them: no view of the whole body.
+    text = "--add-upstream-certs-to-client-chain\n--upstream-trusted-confdir\n--no-pop\n"
+    body = json.dumps({"content": "usage:\n" + text * 3 + "LARGEST_FLOW_CONTROL_WINDOW_SIZE\nDEFAULT_MAX_HEADER_LIST_SIZE\n"}).encode()
+    assert list(views(body)) == [body]
+
+
+def test_an_escape_with_no_token_character_beside_it_opens_no_json_view(rd):
+    # `rstrip("\\/")` in source code carried in a JSON string: an escape, but no token holds it.
+    body = json.dumps({"content": 'path = value.rstrip("\\/")\n'}).encode().replace(b"\\\\/", b"\\/")
+    assert b'rstrip(\\"\\/\\")' in body
+    assert list(views(body)) == [body]
+    # A token written with escapes, or cut by one, is still looked for in the view.
+    token, value = samples("github-pat")[0]
+    escaped = "".join(f"\\u{ord(c):04x}" for c in token[:4]) + token[4:]
+    for carrier in (b'{"t": "' + escaped.encode() + b'"}', b'{"t": "' + (token[:10] + "\\/" + token[10:]).encode() + b'"}'):
+        assert len(list(views(carrier))) > 1
+    assert [(f.kind, f.value) for f in rd.find([b'{"t": "' + escaped.encode() + b'"}'])] == [("github-pat", value.encode())]
+
+
 def test_percent_runs_are_the_url_runs_holding_an_escape() -> None:
     # Oracle: every maximal run of URL characters that holds a %XX escape, decoded by urllib
     # (again with `+` as a space when it holds one), whatever the length of the text around it.
@@ -300,14 +335,20 @@ def test_percent_runs_are_the_url_runs_holding_an_escape() -> None:
 
 def test_the_text_screen_never_turns_away_a_run_the_text_test_accepts() -> None:
     # _may_read_as_text skips the decoding of runs that cannot read as text; it must never
-    # skip one `_textual` would take (stdlib base64 of random bytes, of text, of UTF-8).
+    # skip one `_textual` would take (stdlib base64 of random bytes, of text, of UTF-8, of
+    # printable ASCII with control bytes here and there).
     from keyveil._detected import _head, _may_read_as_text, _textual
 
     rng = random.Random(1)
     accepted = skipped = 0
+    printable = string.printable.encode()
     for _ in range(20000):
-        kind = rng.randrange(4)
-        if kind == 0:
+        kind = rng.randrange(6)
+        if kind == 4:  # printable ASCII with its tabs and line breaks, now and then any byte
+            raw = bytes(rng.choice(printable) if rng.random() > 0.08 else rng.randrange(256) for _ in range(rng.randint(10, 90)))
+        elif kind == 5:
+            raw = bytes(rng.choice(b"\t\n\r\x00\x7f ~AZaz09") for _ in range(rng.randint(10, 90)))
+        elif kind == 0:
             raw = rng.randbytes(rng.randint(10, 80))
         elif kind == 1:
             raw = bytes(rng.choice(b"abcdefghij KLMNOP\n\t\xc3\xa9xyz") for _ in range(rng.randint(10, 80)))

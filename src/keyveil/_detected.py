@@ -199,17 +199,36 @@ def _json_view_needed(data: bytes, hits: list[tuple[int, int, int]], base: int) 
     for index, _, end in hits:
         if index == base + TOKEN_ESCAPE:
             # `\\/` or `\\u0041` that is an escape, not `\\\\/`: an escaped backslash and then text
-            # (source code, a regex, a Windows path), whose view would only halve the backslashes.
-            if is_escape(data, end - (2 if data[end - 1] == 0x2F else 6)):
+            # (source code, a regex, a Windows path), whose view would only halve the backslashes;
+            # and that a token could hold: a token character or another escape beside it (not
+            # `rstrip("\\/")` in source code).
+            start = end - (2 if data[end - 1] == 0x2F else 6)
+            if _inside_a_token(data, start, end) and is_escape(data, start):
                 return True
         elif index == base + PRIVATE_KEY:
             key = True
     return key and b"\\n" in data and _PEM_KEY.search(data) is not None
 
 
+def _inside_a_token(data: bytes, start: int, end: int) -> bool:
+    """Whether the escape START..END has a token character before it, or one or another such
+    escape after it (a token written in escapes: `\\u0067\\u0068p_…`)."""
+    if start > 0 and _TOKEN_CHAR[data[start - 1]]:
+        return True
+    return end < len(data) and (_TOKEN_CHAR[data[end]] == 1 or _ESCAPED_TOKEN_CHAR.match(data, end) is not None)
+
+
+_TOKEN_CHAR = bytes(1 if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "+/=_-.") else 0 for b in range(256))
+#: what VIEW_TRIGGERS' token escape looks for, matched at one place
+_ESCAPED_TOKEN_CHAR = re.compile(rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))")
+
+
 #: the next line of a block: base64 to its end (an escaped break, a quote, the end of the
 #: buffer), not a line of code or prose after a long word
 _BASE64_LINE = re.compile(rb"(?:[A-Za-z0-9+/_-]|\\/)+={0,2}(?:\\+[nr\"]|\"|$)")
+
+
+_LINE_END = re.compile(rb"(?:\\+[nr\"]|\")$")
 
 
 def _block_wrapped_in_json(data: bytes, runs) -> bool:
@@ -224,9 +243,21 @@ def _block_wrapped_in_json(data: bytes, runs) -> bool:
         i = end = run.end + run.padding
         while data[i : i + 1] == b"\\":
             i += 1
-        if end < i < n - 1 and data[i] in b"nr" and _BASE64_LINE.match(data, i + 1) is not None:
-            return True
+        if end < i < n - 1 and data[i] in b"nr" and (m := _BASE64_LINE.match(data, i + 1)) is not None:
+            # Its lines are joined in the JSON view to be decoded there, which only a block
+            # that may read as text is (the base64 views test its head, in this line and the
+            # next): option names, constants, paths before a line break in source code are not.
+            line = _LINE_END.sub(b"", m.group()).replace(b"\\/", b"/").rstrip(b"=")
+            if any(_may_be_text(_head_chars(data, run) + to_standard_alphabet(line), a) for a in range(4)):
+                return True
     return False
+
+
+def _may_be_text(chars: bytes, align: int) -> bool:
+    """`_may_read_as_text` of the start of a block's head: as strict once it holds a whole head
+    (91 characters), else only when more than any head may hold cannot be text."""
+    bad, head = _bad_bytes(chars[:91], align)
+    return 10 * bad <= head if len(chars) >= 91 else bad <= _TEXT_SLACK
 
 
 _PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
@@ -287,20 +318,44 @@ def _head(chars: bytes, align: int) -> bytes:
 
 
 _TEXT = bytes(range(0x20, 0x7F)) + b"\t\n\r"
-#: the base64 characters whose 6 bits start a byte below 0x80: a group's first character,
-#: when the group decodes to ASCII text
-_LOW_HALF = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef"
+_STANDARD = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+# What a group's characters tell of its bytes without decoding, by position: the first
+# character's 6 bits are the first byte's top bits (0x80 or more from `g` on); the second
+# character's low 4 bits are the second byte's top nibble (1 or 8-15: a control byte, or
+# 0x80 or more); the third character's bit 1 is the third byte's top bit. Kept: the
+# characters that tell nothing is wrong.
+_FIRST_OK = _STANDARD[:32]
+_SECOND_OK = bytes(c for v, c in enumerate(_STANDARD) if v & 15 not in (1, 8, 9, 10, 11, 12, 13, 14, 15))
+_THIRD_OK = bytes(c for v, c in enumerate(_STANDARD) if not v & 2)
 
 
 def _may_read_as_text(chars: bytes, align: int) -> bool:
     """False when CHARS read from ALIGN cannot pass `_textual(_head(CHARS, ALIGN))`, told without
-    decoding: the first character of a group outside _LOW_HALF makes its first byte 0x80 or more.
-    The groups counted are those whose first byte lies in the bytes `_textual` looks at (4-67);
-    most runs in source code (identifiers, paths) fail here at every offset."""
-    groups = min(len(chars) - align, 88) // 4
-    firsts = chars[align + 8 : align + 4 * groups : 4]  # groups 2 .. groups-1: bytes 6, 9 .. 63
-    head = min(64, 3 * groups - 4)
-    return len(firsts.translate(None, _LOW_HALF)) <= head // 10
+    decoding (_bad_bytes). Most runs in source code (identifiers, constants, paths) fail here at
+    every offset."""
+    bad, head = _bad_bytes(chars, align)
+    return 10 * bad <= head
+
+
+def _bad_bytes(chars: bytes, align: int) -> tuple[int, int]:
+    """(bytes that cannot be text, bytes `_textual` looks at) when CHARS are read from ALIGN: a
+    character that makes its byte a control byte or 0x80 or more (_FIRST_OK, _SECOND_OK, _THIRD_OK)
+    counts as that byte. Only groups 2 and on are counted, whose bytes lie in what `_textual` looks
+    at (bytes 4-67 of a head)."""
+    groups = (len(chars) - align) >> 2
+    if groups > 22:
+        groups = 22
+    end = align + 4 * groups
+    bad = (
+        len(chars[align + 8 : end : 4].translate(None, _FIRST_OK))
+        + len(chars[align + 9 : end : 4].translate(None, _SECOND_OK))
+        + len(chars[align + 10 : end : 4].translate(None, _THIRD_OK))
+    )
+    return bad, (64 if groups == 22 else max(0, 3 * groups - 4))
+
+
+#: the most bytes a head `_textual` accepts may hold that are not text (a tenth of 64)
+_TEXT_SLACK = 6
 
 
 def _textual(data: bytes) -> bool:
