@@ -365,3 +365,18 @@ def test_the_text_screen_never_turns_away_a_run_the_text_test_accepts() -> None:
             accepted += text
             skipped += not _may_read_as_text(chars, align)
     assert accepted > 2000 and skipped > 20000  # both sides are exercised
+
+
+def test_a_scheme_before_a_plus_for_a_space_is_no_part_of_the_assigned_value(rd):
+    # A query writes `token=Basic <base64>` as `token=Basic+<base64>` (a random-seed soak,
+    # 161696831 cases 3020 and 11609: base64 of text wrapped at 76, percent-encoded). In the
+    # percent view, `Basic+` glued to the block's first line made that line read as random
+    # (misaligned): it was learned as a value, and sealed over the registered value inside.
+    text = "deploy see ok\n" * 8 + "fix env fix the deploy now and then see\n" * 3
+    b64 = base64.b64encode(text.encode()).decode()
+    wrapped = "\n".join(b64[i : i + 76] for i in range(0, len(b64), 76))
+    assert rd.find([f"/ws?case=1&token=Basic+{quote(wrapped, safe='')}&x=1".encode()]) == []
+    # A token after the scheme is the value, without it.
+    token = secrets.token_urlsafe(30).replace("-", "x").replace("_", "y")
+    (found,) = rd.find([f"/api?token=Bearer+{token}".encode()])
+    assert (found.kind, found.value) == ("assignment", token.encode())

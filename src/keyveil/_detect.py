@@ -501,7 +501,7 @@ _ASSIGN = re.compile(
     rb"(?P<rest>[A-Za-z0-9_.-]{0,64}+)"  # possessive: a failed match gives up at once
     rb"(?:\\?[\"'])?[ \t]{0,16}+"
     rb"(?::=|=>|\?=|=(?![=~])|:(?![:/])(?:[ \t]{0,4}[A-Za-z_][A-Za-z0-9_.]{0,40}[ \t]{0,4}=(?!=))?)"
-    rb"[ \t]{0,16}(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)[ \t]{1,4})?"
+    rb"[ \t]{0,16}(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)(?:[ \t]{1,4}|\+))?"  # `+`: a space in a query or form
     rb"(?:(?P<q>\\?[\"'`])(?P<quoted>[" + _QUOTED + rb"]{8,}+={0,3})(?P=q)|(?P<bare>[" + _BARE + rb"]{8,}+={0,3})(?![(\[]))"  # `name = call(...)` is code
 )
 # What `_ASSIGN` needs right after a keyword, loosely, for Hyperscan: the rest of
