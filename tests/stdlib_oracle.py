@@ -310,12 +310,13 @@ def check_round_trip(form: Form, span: bytes, reference: bytes, *, url: bool = F
     SPAN is what keyveil left where ``form.data`` was. Each layer, outermost
     first, must decode with its stdlib decoder, keep the text around the
     inner data byte for byte, and the innermost must be REFERENCE exactly
-    (``url``: a raw value in a URL may come back percent-encoded).
+    (``url``: the location is a percent layer of its own, a URL or a form body, where a
+    raw value or what re-encoding writes may come back percent-encoded).
     Messages hold no byte of the span.
     """
     x = span
     if url and form.layers and all(layer.kind != "pct" for layer in form.layers) and b"%" in x:
-        # A URL location is itself a percent layer: keyveil may escape what it writes there.
+        # A URL or a form body is itself a percent layer: keyveil may escape what it writes there.
         x = unquote_to_bytes(x)
     for i in range(len(form.layers) - 1, -1, -1):
         layer = form.layers[i]
