@@ -521,7 +521,6 @@ _PRINTABLE = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 MIN_RUN = 27
 # A value cut short inside or before a percent escape: `…%`, `…%4`, or `%4F` right after it.
 _CUT_BY_PERCENT = re.compile(rb"%[0-9A-Fa-f]?\Z")
-_PERCENT_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
 # A JSON escape of a character a bare value may hold (a letter, a digit, `+-/=_`).
 _ESCAPED_TOKEN_CHAR = re.compile(rb"\\u00(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9dD]|2[bBdDfF]|5[fF])|\\/")
 
@@ -558,8 +557,9 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
 #: What tells detection's JSON view it is needed (keyveil._detected): a `\\/` or a `\\u` escape of a
 #: digit or letter (each hit checked to be an escape, not an escaped backslash and text), and the
 #: header of a private key whose line breaks may be escapes. Indexes from `Detector.view_base`.
+TOKEN_ESCAPE_PATTERN = rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))"
 VIEW_TRIGGERS: tuple[tuple[bytes, int], ...] = (
-    (rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))", 0),
+    (TOKEN_ESCAPE_PATTERN, 0),
     (escaped(b"PRIVATE KEY"), hyperscan.HS_FLAG_SINGLEMATCH),
 )
 TOKEN_ESCAPE, PRIVATE_KEY = 0, 1

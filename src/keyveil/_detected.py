@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
-from ._detect import MIN_RUN, PRIVATE_KEY, TOKEN_ESCAPE, Detector, detected_name
+from ._detect import MIN_RUN, PRIVATE_KEY, TOKEN_ESCAPE, TOKEN_ESCAPE_PATTERN, Detector, detected_name, shipped_detector
 from ._errors import VaultError
 from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_alphabet
 
@@ -157,9 +157,7 @@ def views(
     yield data
     if depth >= MAX_DEPTH:
         return
-    if detector is None:
-        from ._detect import shipped_detector  # asked alone (tests): the shipped table
-
+    if detector is None:  # asked alone (tests): the shipped table
         detector = shipped_detector()
     hits = hits or _once(detector.hits)
     runs = runs_of(data, MIN_RUN) if len(data) >= MIN_RUN else []
@@ -215,12 +213,12 @@ def _inside_a_token(data: bytes, start: int, end: int) -> bool:
     escape after it (a token written in escapes: `\\u0067\\u0068p_…`)."""
     if start > 0 and _TOKEN_CHAR[data[start - 1]]:
         return True
-    return end < len(data) and (_TOKEN_CHAR[data[end]] == 1 or _ESCAPED_TOKEN_CHAR.match(data, end) is not None)
+    return end < len(data) and (_TOKEN_CHAR[data[end]] == 1 or _TOKEN_ESCAPE_AT.match(data, end) is not None)
 
 
 _TOKEN_CHAR = bytes(1 if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "+/=_-.") else 0 for b in range(256))
-#: what VIEW_TRIGGERS' token escape looks for, matched at one place
-_ESCAPED_TOKEN_CHAR = re.compile(rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))")
+#: VIEW_TRIGGERS' token escape, matched at one place
+_TOKEN_ESCAPE_AT = re.compile(TOKEN_ESCAPE_PATTERN)
 
 
 #: the next line of a block: base64 to its end (an escaped break, a quote, the end of the

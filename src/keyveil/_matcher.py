@@ -86,7 +86,7 @@ class Literals:
         if self._companion:
             base = len(self.patterns)
             companion = [(index - base, start, end) for index, start, end in hits if index >= base]
-            hits = [hit for hit in hits if hit[0] < base] if len(companion) < len(hits) else []
+            hits = [hit for hit in hits if hit[0] < base]
         lengths = self._lengths
         if not self._long:
             return [(index, end - lengths[index], end) for index, _, end in hits], companion

@@ -236,12 +236,7 @@ def wrapped_in_json(data: bytes) -> bool:
 
 def json_unescape(data: bytes) -> bytes:
     """DATA with every JSON string escape decoded (worked out once per buffer in ``shared_scans``)."""
-    entry = _shared("json", data)
-    if entry is not None:
-        return entry[1]
-    decoded = _json_unescape(data)
-    _keep("json", data, None, decoded)
-    return decoded
+    return worked_out("json", data, None, _json_unescape)
 
 
 def _json_unescape(data: bytes) -> bytes:
