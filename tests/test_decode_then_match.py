@@ -19,6 +19,8 @@ import pytest
 
 from keyveil._engine import STREAM_RUN_BOUND, Sealer
 from keyveil._inject import for_form, for_header, for_json, for_url, inject
+from tests import stdlib_forms as sf
+from tests.stdlib_oracle import check_round_trip, split_carrier
 
 NAME = "github/pat"
 REF = b"{{secret:github/pat}}"
@@ -760,3 +762,26 @@ def test_a_percent_escape_written_partly_as_a_json_escape(value, escaped):
             out.append("\\u%04x" % ord(ch) if in_value and pick and rng.random() < 0.15 else ch)
         sealed = sealer.seal(('{"prompt":"' + "".join(out) + '"}').encode()).data
         assert unquote_to_bytes(json.loads(sealed)["prompt"]) == plain.replace(value, REF)
+
+
+
+def test_percent_encoded_text_in_a_json_string_whose_slashes_are_escaped():
+    """Percent-encoded text (random safe sets, `/` often plain), then a JSON string that
+    may write `/` as `\\/`; the value holds a backslash before a space or a letter. Read
+    percent first, then JSON, the view finds the value too: the `\\/` is a JSON escape
+    there, the value's `%5C` a backslash that starts no escape. That reading wrote the
+    reference's `/` as `%5C/` (JSON inside percent), which the client's order decodes to
+    `\\/` (random seed 1118329944, cases 3126 and 13260). A reading over a backslash that
+    starts no escape gives way to one that reads every escape."""
+    rng = random.Random("pct-then-json")
+    failures = []
+    for _ in range(400):
+        core = "".join(rng.choices(string.ascii_letters + string.digits, k=16))
+        value = (core[:6] + "\\" + rng.choice(" qZ.") + core[6:] + rng.choice((" /+=%", "/x", " <a&b> /"))).encode()
+        form = sf.make_form(value, ("pct", "json"), rng, name="corpus/punct")
+        data = form.in_carrier()
+        sealed = Sealer({"corpus/punct": [value]}).seal(data).data
+        span = split_carrier(sealed, *form.carrier)
+        problems = ["the carrier changed"] if span is None else check_round_trip(form, span, b"{{secret:corpus/punct}}")
+        failures += [f"{p}: {form.describe()}" for p in problems]
+    assert not failures, f"{len(failures)} of 400:\n" + "\n".join(failures[:8])

@@ -367,7 +367,8 @@ class Sealer:
             v_start, v_end, replacement = _trimmed(view, e)
             t_start, t_end = view.span(v_start, v_end)
             encoded = view.encode(replacement, t_start, t_end, habit=(start, end))
-            out.append(Edit(t_start, t_end, encoded, e.names, e.depth, e.base64, view.kind, e.glued))
+            doubtful = e.doubtful or view.stray(start, end)
+            out.append(Edit(t_start, t_end, encoded, e.names, e.depth, e.base64, view.kind, e.glued, doubtful))
         return out
 
     def _run_edits(self, data: bytes, run: Run, depth: int) -> tuple[list[Edit], int]:
@@ -385,7 +386,8 @@ class Sealer:
             if sub:
                 edit = view.reencode(_apply(view.data, sub), min(e.start for e in sub))
                 names = tuple(n for e in sub for n in e.names)
-                found = [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64")], align
+                doubtful = any(e.doubtful for e in sub)
+                found = [Edit(edit.start, edit.end, edit.replacement, names, depth + 1, True, "base64", doubtful=doubtful)], align
                 if not all(_is_detected(e) for e in sub):
                     return found
                 first = first or found
@@ -1002,6 +1004,14 @@ def _resolve(edits: list[Edit]) -> list[Edit]:
         # `+` read as a space): that is where the payload starts.
         own = [(e.start, e.end) for e in edits if not e.glued]
         edits = [e for e in edits if not e.glued or not _overlaps(own, e.start, e.end)]
+    if any(e.doubtful for e in edits):
+        # Of two readings of the same value's bytes, one whose JSON view read past a
+        # backslash that starts no escape (`%5C%20`, percent-decoded, read as JSON)
+        # took the layers in the wrong order: the other one writes the reference back
+        # in the order the client wrote them.
+        sure = [e for e in edits if not e.doubtful]
+        edits = [e for e in edits if not e.doubtful or not any(
+            o.names == e.names and o.start < e.end and e.start < o.end for o in sure)]
     if len({e.depth for e in edits if e.layer != "raw"}) > 1:
         # Of two readings of the same value's bytes through views, the one through fewer
         # layers: a percent view read over a JSON string's escapes, then JSON, then

@@ -101,6 +101,7 @@ class Edit:
     base64: bool = False  # a base64 run is re-encoded (vendor-signed fields keep theirs)
     layer: str = "raw"  # the view it was written back through last: raw, json, percent, base64
     glued: bool = False  # found in a base64 run decoded after a prefix (not from its first character)
+    doubtful: bool = False  # read through a JSON view over a backslash that starts no escape (`\ `)
 
 
 # -- JSON string escapes ------------------------------------------------------------------
@@ -349,6 +350,10 @@ class JsonView:
         """Whether the raw span holds an escape of this layer."""
         return b"\\" in self._raw[raw_start:raw_end]
 
+    def stray(self, raw_start: int, raw_end: int) -> bool:
+        """Whether the raw span holds a backslash that starts no JSON escape (the span holds whole escapes)."""
+        return _stray_backslash(self._raw[raw_start:raw_end])
+
     def encode(self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None) -> bytes:
         """REPLACEMENT as a JSON string writes it, keeping the `\\/` habit of the span (or of HABIT, a wider one)."""
         out = replacement.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
@@ -404,6 +409,9 @@ class JsonWindow:
     def escaped(self, raw_start: int, raw_end: int) -> bool:
         return b"\\" in self._raw[raw_start:raw_end]
 
+    def stray(self, raw_start: int, raw_end: int) -> bool:
+        return _stray_backslash(self._raw[raw_start:raw_end])
+
     def encode(self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None) -> bytes:
         shift = self._raw_start
         if habit is not None:
@@ -412,6 +420,10 @@ class JsonWindow:
 
 
 _WINDOW = 2048
+
+
+def _stray_backslash(span: bytes) -> bool:
+    return b"\\" in span and b"\\" in _JSON_ESCAPE.sub(b"", span)
 
 
 def json_windows(raw: bytes, data: bytes, spans: list[tuple[int, int]]) -> list[JsonWindow]:
@@ -493,6 +505,9 @@ class PercentView:
     def escaped(self, raw_start: int, raw_end: int) -> bool:
         span = self._raw[raw_start:raw_end]
         return _PERCENT.search(span) is not None or (self.plus and b"+" in span)
+
+    def stray(self, raw_start: int, raw_end: int) -> bool:
+        return False  # a `%` that starts no escape is a `%` (quote writes none: its own is `%25`)
 
     def encode(
         self, replacement: bytes, raw_start: int, raw_end: int, habit: tuple[int, int] | None = None, keep_plain: bool = True
