@@ -34,6 +34,7 @@ from ._views import (
     _STD_TO_URL as _TO_URL,
     _URL_TO_STD as _TO_STD,
     B64_ALPHABET,
+    WRAPPED_IN_JSON_PATTERN,
     Base64View,
     Edit,
     JsonView,
@@ -48,7 +49,6 @@ from ._views import (
     json_windows,
     runs_of,
     worked_out,
-    wrapped_in_json,
 )
 
 #: how many layers of encoding are decoded, in any order (SPEC §3 asks for two)
@@ -178,7 +178,7 @@ class Sealer:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
-        json = text and b"\\" in data and (self._json_trigger.search(data) or wrapped_in_json(data))
+        json = text and b"\\" in data and self._json_trigger.search(data)
         if json:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
@@ -901,7 +901,9 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
     patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
-    # Base64 wrapped inside a JSON string is asked of _views.wrapped_in_json, whatever the values.
+    # Base64 wrapped inside a JSON string, whatever the values (_views.wrapped_in_json): in
+    # the same scan, which stops at the first match of either.
+    patterns.append(WRAPPED_IN_JSON_PATTERN)
     percent_trigger = _AnyOf([("%" + _hex_alternatives("", relevant)).encode()])
     return _AnyOf(patterns, short_literals), percent_trigger
 

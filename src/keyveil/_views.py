@@ -231,7 +231,8 @@ def wrapped_in_json(data: bytes) -> bool:
     """Whether DATA may hold base64 wrapped inside a JSON string, for the sealer: a
     line of base64 (`\\/` and doubled backslashes count) as wide as the narrowest
     wrapping, a line break escape (`\\n`, `\\r`), more base64. Its lines are joined
-    only in the JSON view. One Hyperscan scan."""
+    only in the JSON view. One Hyperscan scan. (The sealer asks it in the same scan as
+    its JSON trigger: ``WRAPPED_IN_JSON_PATTERN``.)"""
     return _WRAPPED_IN_JSON.any(data)
 
 
@@ -669,7 +670,9 @@ def _padding(data: bytes, end: int) -> int:
 
 
 MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, GitHub 60)
-_WRAPPED_IN_JSON = Scanner([rb"[A-Za-z0-9+/_\\-]{%d}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])" % MIN_WIDTH])
+#: a line of base64 in a JSON string (`\\/` and doubled backslashes count), a line break escape, more base64
+WRAPPED_IN_JSON_PATTERN = rb"[A-Za-z0-9+/_\\-]{%d}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])" % MIN_WIDTH
+_WRAPPED_IN_JSON = Scanner([WRAPPED_IN_JSON_PATTERN])
 
 
 @functools.cache
