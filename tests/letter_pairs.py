@@ -1,4 +1,4 @@
-"""The letter-pair table of keyveil._detect, rebuilt from the Python standard library.
+"""The letter-pair table of keyveil._letters, rebuilt from the Python standard library.
 
 `looks_random` asks whether the letters of an assigned value read like the
 words of code and prose (`self._private_key`, `ThisIsMyConfigName`) or like
@@ -9,7 +9,7 @@ the standard library's own source (identifiers split at case changes,
 comments, docstrings), lower-cased; tests and site-packages are left out so
 that the table depends only on the Python release.
 
-    python -m tests.letter_pairs     # prints the table as _detect.py holds it
+    python -m tests.letter_pairs     # prints the table as _letters.py holds it
 
 tests/test_detect.py checks that the shipped table is (nearly) what this
 module computes on the running Python, so the table can always be explained.

@@ -18,11 +18,13 @@ import random
 import re
 import secrets
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import keyveil._matcher as matcher_module
 from keyveil._engine import Sealer
+from keyveil._letters import reads_as_words
 from keyveil._views import (
     MIN_WIDTH,
     B64_CLASSES,
@@ -319,3 +321,51 @@ def test_a_line_that_cannot_end_an_encoding_takes_the_word_after_it():
     sealed = sealer.seal(line + b"\nsays").data
     head, _, word = sealed.partition(b"\n")
     assert word == b"says" and base64.b64decode(head) == REF + b"\x00"
+
+
+@pytest.mark.parametrize("width", [60, 64, 76])
+def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
+    """One full line of a common wrapper's width, then a last line of three to five
+    lower-case letters that could end the text and do not read like a word (the
+    letter-pair table: the rule's own test of a word): read as a line and a word, the
+    line alone was sealed and came back shorter than the width above the old last
+    line, no longer wrapped (random seeds 31, case 841, and 1118329944, case 2962).
+    Payloads are random bytes around the value; stdlib encodes, wraps and decodes. A
+    word after such a line stays text (`log`, random seed 12, case 1821)."""
+    rng = random.Random(width)
+    value = b"kv_" + bytes(rng.choices(b"abcdefghijkmnpqrstuvwxyzABCDEFGH23456789", k=24))
+    sealer = Sealer({NAME: [value]})
+    tried = 0
+    for urlsafe, padded, eol in [(u, p, e) for u in (False, True) for p in (False, True) for e in (b"\n", b"\r\n")]:
+        found = 0
+        while found < 3:
+            tried += 1
+            assert tried < 400_000, "the generator found no payload of this shape"
+            extra = rng.randint(1, 3)
+            size = (width // 4) * 3 + extra  # a full line and 2-4 characters more, or 5 with padding
+            lead = rng.randint(0, size - len(value) - 8)
+            payload = rng.randbytes(lead) + value + rng.randbytes(size - lead - len(value))
+            text = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(payload)
+            text = text if padded else text.rstrip(b"=")
+            tail = text[width:]
+            letters = tail.rstrip(b"=")
+            if not (len(letters) >= 3 and letters.isalpha() and letters.islower()) or reads_as_words([letters]):
+                continue
+            found += 1
+            block = text[:width] + eol + tail
+            for after in (b"", eol, b'"}'):
+                sealed = sealer.seal(b"note: " + block + after).data
+                assert sealed.startswith(b"note: ") and sealed.endswith(after)
+                lines = sealed[6 : len(sealed) - len(after)].split(eol)
+                assert all(len(line) == width for line in lines[:-1]) and 0 < len(lines[-1]) <= width, (lines, after)
+                got = b"".join(lines)
+                decoded = (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(got + b"=" * (-len(got) % 4))
+                assert decoded == payload.replace(value, REF)
+            for word in (b"log", b"see", b"here"):
+                line = text[:width]
+                sealed = sealer.seal(b"note: " + line + eol + word + eol).data
+                head, _, rest = sealed[6:].partition(eol)
+                assert rest == word + eol, "a word after the line was taken into the block"
+                assert (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(head + b"=" * (-len(head) % 4)) == (
+                    (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(line).replace(value, REF)
+                )

@@ -548,10 +548,10 @@ def test_the_letter_pair_table_is_what_the_standard_library_gives():
 
     Another 3.12 patch release shifts a few counts; a cell may then move by one step.
     """
-    from keyveil._detect import _PAIR_TABLE
+    from keyveil._letters import PAIR_TABLE
     from tests import letter_pairs
 
-    shipped, rebuilt = _PAIR_TABLE.split(), letter_pairs.rebuild().split()
+    shipped, rebuilt = PAIR_TABLE.split(), letter_pairs.rebuild().split()
     assert [len(row) for row in shipped] == [26] * 26
     cells = [(a, b) for row_s, row_r in zip(shipped, rebuilt) for a, b in zip(row_s, row_r)]
     off = [(a, b) for a, b in cells if a != b]

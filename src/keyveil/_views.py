@@ -28,6 +28,7 @@ from json.decoder import JSONDecodeError, scanstring
 
 import pybase64
 
+from ._letters import reads_as_words
 from ._matcher import FirstMatch, Scanner, byte_class
 
 B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
@@ -792,7 +793,10 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
         if tail and not (
             (
                 _word_like(data, *lines[j + 1])
-                and ((j == i and _ends_an_encoding(data, *lines[j])) or _text_after_block(data, *lines[j + 1]))
+                and (
+                    (j == i and _ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
+                    or _text_after_block(data, *lines[j + 1])
+                )
             )
             or _opens_text(data, *lines[j + 1])
             or (j == i and _text_goes_on(data, *lines[j + 1]) and _alone_ends_better(data, lines[j], lines[j + 1]))
@@ -908,6 +912,25 @@ def _alone_ends_better(data: bytes, line: tuple[int, int], word: tuple[int, int]
     if not _ends_an_encoding(data, *line):
         return False
     return chars % 4 != 0 or not _ends_an_encoding(data, word[0], word[1], chars + word[1] - word[0])
+
+
+#: the line widths of the common wrappers: GitHub's contents API, PEM, MIME
+_WRAPPER_WIDTHS = frozenset((60, 64, 76))
+
+
+def _wrappers_last_line(data: bytes, line: tuple[int, int], word: tuple[int, int]) -> bool:
+    """Whether WORD, a short line of lower-case letters after one LINE of base64 as wide
+    as a common wrapper writes, reads as that block's last line: the two together may
+    end a base64 text, and its letters do not read like a word (``reads_as_words``:
+    `uzk`, `eow`; not `log`, `see`). One in 15 three-character last lines is lower-case
+    letters; of those the pair table takes about 18% for words, and of common short
+    words about 8% for random letters (`two`, `says`)."""
+    width = line[1] - line[0]
+    return (
+        width in _WRAPPER_WIDTHS
+        and _ends_an_encoding(data, word[0], word[1], width + word[1] - word[0])
+        and not reads_as_words([data[word[0] : word[1]]])
+    )
 
 
 def _ends_an_encoding(data: bytes, start: int, end: int, chars: int | None = None) -> bool:
