@@ -785,3 +785,38 @@ def test_percent_encoded_text_in_a_json_string_whose_slashes_are_escaped():
         problems = ["the carrier changed"] if span is None else check_round_trip(form, span, b"{{secret:corpus/punct}}")
         failures += [f"{p}: {form.describe()}" for p in problems]
     assert not failures, f"{len(failures)} of 400:\n" + "\n".join(failures[:8])
+
+
+@pytest.mark.parametrize("width", [24, 64, 76])
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+def test_a_wrapped_block_with_plain_plus_in_a_form_body(width, eol):
+    """A form body (`note=<block>&b=2`) whose client left a wrapped base64 block as it
+    was: its `+` are base64's, though a form's `+` is a space. The reading with `+` as a
+    space cut the block at its first `+` and sealed what lay before it, re-encoded,
+    joined to the rest (random seeds 12, case 363, and 29, case 497). Read with `+` as
+    base64 the block ends on a group's end; the space reading cut part way into a
+    group, or inside a line the block goes on below, or at the end of a line whose
+    next line starts with the `+`: then the block is sealed whole. Left out, because
+    either reading is as likely: a first `+` on the last line after whole groups."""
+    rng = random.Random(f"{width}{eol!r}")
+    value = b"ghp_" + bytes(rng.choices(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz0123456789", k=36))
+    sealer = Sealer({NAME: [value]})
+    checked = 0
+    for _ in range(300):
+        payload = rng.randbytes(rng.randrange(0, 20)) + value + rng.randbytes(rng.randrange(1, 40))
+        flat = base64.b64encode(payload).decode()
+        cut = flat.find("+")
+        lines = [flat[i : i + width] for i in range(0, len(flat), width)]
+        last = (len(lines) - 1) * width
+        if cut == -1 or (cut > last and cut % 4 == 0):
+            continue
+        checked += 1
+        body = ("a=1&note=" + eol.join(lines) + "&b=2").encode()
+        sealed = sealer.seal(body, plus=True).data
+        assert sealed.startswith(b"a=1&note=") and sealed.endswith(b"&b=2")
+        block = sealed[9:-4].decode()
+        assert "%" not in block, "the block's + were written as the client wrote them"
+        got = block.split(eol)
+        assert all(len(line) == width for line in got[:-1]) and 0 < len(got[-1]) <= width, got
+        assert base64.b64decode("".join(got), validate=True) == payload.replace(value, REF)
+    assert checked > 80

@@ -40,6 +40,7 @@ from ._views import (
     JsonView,
     PercentView,
     Run,
+    _count_breaks,
     a2b_base64,
     already_worked_out,
     base64_runs,
@@ -208,11 +209,14 @@ class Sealer:
             found: list[Edit] = []
             lines = data if layout is None else layout
             runs = [(run, plus) for run in runs_of(lines, self._min_run, plus=plus)]
+            first_readings: set[tuple[int, int]] = set()
             if plus:
                 # `+` is a space here, but a client may have left base64's `+` unescaped:
                 # the runs read with `+` as a base64 character are looked at too
                 # (and written back as the client wrote them).
-                runs += [(Run(r.start, r.end, r.padding, True), False) for r in runs_of(lines, self._min_run)]
+                whole = runs_of(lines, self._min_run)
+                first_readings = {(r.start, r.end) for r in whole if not r.alternative}
+                runs += [(Run(r.start, r.end, r.padding, True), False) for r in whole]
             if layout is not None:
                 # A block whose every line break the layer above left plain is one block
                 # all the same, when another break was escaped (`note.%0A` before it):
@@ -231,11 +235,16 @@ class Sealer:
                 # too, where no view found a value.
                 touched = bool(views) and _touches(data, run.start, run.end + run.padding, views)
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
+                # In a form or query, the reading with `+` as a space may have cut a wrapped
+                # block at a `+` of its own (`…Iy\r\nZmIq6d+w`): see _plus_is_base64.
+                own_plus = (
+                    plus and not escape_plus and (run.start, run.end) in first_readings and _plus_is_base64(data, run)
+                )
                 if touched and overlap:
                     # Unless the view decoded it after a prefix only (`6 ipc…` where `6+ip` read
-                    # as it stands is the payload's first group): then the reading that decodes
-                    # from the run's own first character takes its place.
-                    if not all(e.glued for e in overlap):
+                    # as it stands is the payload's first group), or cut it at its own `+`: then
+                    # the reading that decodes from the run's own first character takes its place.
+                    if not (own_plus or all(e.glued for e in overlap)):
                         continue
                     run_edits, align = self._run_edits(data, run, depth)
                     if not run_edits or align:
@@ -250,7 +259,7 @@ class Sealer:
                     # unescaped) or cut short of this run's padding (`…Ucyt+Cc=`).
                     if escape_plus or not plus:
                         continue
-                    if not all(e.glued for e in overlap) and not (run.padding and all(e.end < run.end for e in overlap)):
+                    if not (own_plus or all(e.glued for e in overlap) or (run.padding and all(e.end < run.end for e in overlap))):
                         continue
                 run_edits, align = self._run_edits(data, run, depth)
                 if align == _after_escape(data, run):
@@ -713,6 +722,21 @@ def _both_plusses(spaced: Callable[[], bytes] | None, run: Run) -> bool:
         return False
     chars = spaced()[run.start : run.end]
     return b" " in chars and b"+" in chars
+
+
+def _plus_is_base64(data: bytes, run: Run) -> bool:
+    """Whether the `+` of RUN, a run read with `+` as a base64 character in a form or
+    query, are base64's: RUN ends on a group's end (padding counted), and its first `+`
+    stands part way into a group (no encoder ends a text there and writes on), or
+    inside a line of a block that goes on below (a space does not stand inside a
+    wrapped line), or at the start of a line. A first `+` on a block's last line, after
+    whole groups, may be either: the reading with `+` as a space stands."""
+    at = data.find(b"+", run.start, run.end)
+    if at == -1 or (run.end - run.start - _count_breaks(data, run.start, run.end) + run.padding) % 4:
+        return False
+    if (at - run.start - _count_breaks(data, run.start, at)) % 4:
+        return True
+    return data.find(b"\n", at, run.end) != -1 or data[at - 1 : at] == b"\n"
 
 
 def _url_edit(edit: Edit) -> Edit:
