@@ -331,7 +331,8 @@ def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
     line alone was sealed and came back shorter than the width above the old last
     line, no longer wrapped (random seeds 31, case 841, and 1118329944, case 2962).
     Payloads are random bytes around the value; stdlib encodes, wraps and decodes. A
-    word after such a line stays text (`log`, random seed 12, case 1821)."""
+    word after such a line stays text (`log`, random seed 12, case 1821; `says`, seed
+    18, case 1320)."""
     rng = random.Random(width)
     value = b"kv_" + bytes(rng.choices(b"abcdefghijkmnpqrstuvwxyzABCDEFGH23456789", k=24))
     sealer = Sealer({NAME: [value]})
@@ -349,7 +350,7 @@ def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
             text = text if padded else text.rstrip(b"=")
             tail = text[width:]
             letters = tail.rstrip(b"=")
-            if not (len(letters) >= 3 and letters.isalpha() and letters.islower()) or reads_as_words([letters]):
+            if not (len(letters) >= 3 and letters.isalpha() and letters.islower()) or reads_as_words([letters], at_least=-1.5):
                 continue
             found += 1
             block = text[:width] + eol + tail
@@ -361,7 +362,7 @@ def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
                 got = b"".join(lines)
                 decoded = (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(got + b"=" * (-len(got) % 4))
                 assert decoded == payload.replace(value, REF)
-            for word in (b"log", b"see", b"here"):
+            for word in (b"log", b"see", b"says", b"here"):
                 line = text[:width]
                 sealed = sealer.seal(b"note: " + line + eol + word + eol).data
                 head, _, rest = sealed[6:].partition(eol)

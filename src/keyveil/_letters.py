@@ -51,11 +51,12 @@ _PAIR_SCORE: dict[bytes, int] = {
 _WORDLIKE_PAIRS = -0.25
 
 
-def reads_as_words(runs: list[bytes]) -> bool:
-    """True when the letter pairs inside RUNS score, on average, like words (`PAIR_TABLE`)."""
+def reads_as_words(runs: list[bytes], at_least: float = _WORDLIKE_PAIRS) -> bool:
+    """True when the letter pairs inside RUNS score, on average, like words (`PAIR_TABLE`):
+    AT_LEAST bits a pair."""
     score = pairs = 0
     for run in runs:
         run = run.lower()
         pairs += len(run) - 1
         score += sum(_PAIR_SCORE[run[i : i + 2]] for i in range(len(run) - 1))
-    return pairs > 0 and score >= _WORDLIKE_PAIRS * pairs
+    return pairs > 0 and score >= at_least * pairs
