@@ -28,6 +28,7 @@ from json import dumps as _json_dumps
 from urllib.parse import quote, unquote_to_bytes
 
 from ._errors import KeyveilError
+from ._letters import reads_as_words
 from ._matcher import Matcher, Scanner, escaped
 from ._references import format_reference
 from ._views import (
@@ -152,7 +153,7 @@ class Sealer:
 
     def _find(
         self, data: bytes, depth: int, text: bool = True, plus: bool = False,
-        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None,
+        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None, percent_above: bool = False,
     ) -> list[Edit]:
         """Edits that seal DATA, overlaps resolved, looking DEPTH layers down already.
 
@@ -161,7 +162,8 @@ class Sealer:
         (not `%2B`) made a space; None when every `+` of DATA was written plainly.
         LAYOUT: DATA with each line break the layer above wrote plainly (not
         `%0A`) made a NUL, where it wrote others escaped: a base64 block it
-        escaped ends at a plain one. None: every line break is alike."""
+        escaped ends at a plain one. None: every line break is alike.
+        PERCENT_ABOVE: DATA is a percent view's, which escapes what is written back."""
         if len(data) < self._shortest:
             return []
         edits = [
@@ -169,12 +171,12 @@ class Sealer:
             for index, start, end in self._occurrences(data)
         ]
         if depth < MAX_LAYERS and self._values:
-            edits += self._in_views(data, depth, text, plus, spaced, layout)
+            edits += self._in_views(data, depth, text, plus, spaced, layout, percent_above)
         return _resolve(edits)
 
     def _in_views(
         self, data: bytes, depth: int, text: bool = True, plus: bool = False,
-        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None,
+        spaced: Callable[[], bytes] | None = None, layout: bytes | None = None, percent_above: bool = False,
     ) -> list[Edit]:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
@@ -280,7 +282,9 @@ class Sealer:
                 if chars and b"+" in chars and (align or b"-" in chars or b"_" in chars or _both_plusses(spaced, run)):
                     pieces = self._in_plus_pieces(data, run, depth, spaced)
                     if pieces:
-                        run_edits, align = pieces, 0
+                        # Read with `+` as a space: a `+` the new run holds is written `%2B`
+                        # (by the percent view above, where there is one).
+                        run_edits, align = (pieces if percent_above else [_plus_edit(e) for e in pieces]), 0
                 if escape_plus:  # a run written back into a query or form: its `+` is not a space
                     run_edits = [_plus_edit(e) for e in run_edits]
                 if align:
@@ -355,7 +359,7 @@ class Sealer:
         if not plus and b"+" in data and _PERCENT_PLUS.search(data) is not None:
             source = cut if breaks else data
             spaced = functools.cache(lambda: unquote_to_bytes(source.replace(b"+", b" ")))  # once, however many runs ask
-        sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout)
+        sub = self._find(decoded, depth + 1, spaced=spaced, layout=layout, percent_above=True)
         if not sub:
             return []
         view = PercentView(data, plus=plus)
@@ -385,7 +389,13 @@ class Sealer:
 
         The first offset whose decoding holds a value is taken, unless all it holds
         is detected values: a registered value read at a later offset wins (SPEC §3a:
-        detection never gets in a registered value's way)."""
+        detection never gets in a registered value's way). A run that ends in a plain
+        `+` and a word is read without them first (``_before_a_spaced_word``)."""
+        cut = _before_a_spaced_word(data, run)
+        if cut is not None:
+            found = self._run_edits(data, cut, depth)
+            if found[0]:
+                return found
         first: tuple[list[Edit], int] | None = None
         for align in _offsets(data, run):
             view = Base64View(data, run, align)
@@ -737,6 +747,24 @@ def _plus_is_base64(data: bytes, run: Run) -> bool:
     if (at - run.start - _count_breaks(data, run.start, at)) % 4:
         return True
     return data.find(b"\n", at, run.end) != -1 or data[at - 1 : at] == b"\n"
+
+
+_SPACED_WORD = re.compile(rb"\+([a-z]{3,})")
+
+
+def _before_a_spaced_word(data: bytes, run: Run) -> Run | None:
+    """RUN without the plain `+` and the word it ends in (`…JF6+end`, `…kX\n+end`), which a
+    percent layer with `+` for a space writes for ` end`; None when it ends otherwise."""
+    if run.padding:
+        return None
+    at = data.rfind(b"+", max(run.start, run.end - 16), run.end)
+    m = _SPACED_WORD.fullmatch(data, at, run.end) if at > run.start else None
+    if m is None or not reads_as_words([m.group(1)], at_least=-1.5):
+        return None
+    end = at
+    while end > run.start and data[end - 1] in b"\r\n":
+        end -= 1
+    return Run(run.start, end, 0, run.alternative)
 
 
 def _url_edit(edit: Edit) -> Edit:
