@@ -795,7 +795,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
                 _word_like(data, *lines[j + 1])
                 and (
                     (j == i and _ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
-                    or _text_after_block(data, *lines[j + 1])
+                    or (_text_after_block(data, *lines[j + 1]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
                 )
             )
             or _opens_text(data, *lines[j + 1])
