@@ -830,7 +830,9 @@ def test_base64_between_words_in_a_header_written_with_plus_for_space(shape):
     lost (random seeds 23, case 1378; 38, case 1533, where `%0A+end` lost its line
     break); read as pieces between the plain `+`, the new run's own `+` was written
     plain, a space to the reader (15, case 557). The reading that ends in `+` and a
-    word gives way to the one with `+` as a space, and a piece's new `+` is `%2B`."""
+    word gives way to the one with `+` as a space where the percent layer wrote that
+    `+` plainly (`+ok` after `%37`: the session-11 attack), and a piece's new `+` is
+    `%2B`. (`blob <base64> end` is the corpus's text; other words are drawn too.)"""
     rng = random.Random(shape)
     failures = []
     checked = 0
@@ -844,7 +846,8 @@ def test_base64_between_words_in_a_header_written_with_plus_for_space(shape):
             continue  # a client that writes a space as a plain `+` writes base64's as `%2B`
         if shape == "wrapped":
             b64 = "\n".join(b64[j : j + 76] for j in range(0, len(b64), 76)) + "\n"
-        text = "blob " + b64 + " end"
+        word = rng.choice(["end", "ok", "again", "is", "here"])
+        text = "blob " + b64 + " " + word
         if shape == "plain pieces":
             header = text.replace(" ", "+").encode()
         else:
@@ -861,7 +864,33 @@ def test_base64_between_words_in_a_header_written_with_plus_for_space(shape):
             decoded = base64.b64decode(run.replace(b"\n", b"").translate(bytes.maketrans(b"-_", b"+/")) + b"==")
         except binascii.Error:
             decoded = None
-        if head != b"blob" or tail != b"end" or decoded != payload.replace(value, REF):
+        if head != b"blob" or tail != word.encode() or decoded != payload.replace(value, REF):
             failures.append(f"{i}: {header!r} -> {sealed!r}")
         checked += 1
     assert checked >= 60 and not failures, f"{len(failures)} of {checked}:\n" + "\n".join(failures[:5])
+
+
+def test_base64_that_ends_in_a_plus_and_letters_is_whole_where_no_percent_layer_is():
+    """Base64 whose last group is `+` and letters that read as a word (`…Xk+end`), in a
+    header and a JSON body: no percent layer wrote that `+`, so it is base64's, and the
+    run is sealed whole (the rule for `+end` after quote_plus must not cut it)."""
+    from keyveil._letters import reads_as_words
+
+    rng = random.Random(11)
+    value = b"ghp_" + bytes(rng.choices(b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789", k=36))
+    sealer = Sealer({NAME: [value]})
+    checked = 0
+    while checked < 40:
+        payload = rng.randbytes(rng.randrange(0, 3)) + value + rng.randbytes(rng.randrange(3, 9))
+        payload += rng.randbytes(-len(payload) % 3)
+        b64 = base64.b64encode(payload)
+        word = b64[-3:]
+        if b64[-4:-3] != b"+" or not (word.isalpha() and word.islower()) or not reads_as_words([word], at_least=-1.5):
+            continue
+        checked += 1
+        for data, unwrap in [
+            (b"Basic " + b64, lambda out: out[6:]),
+            (b'{"blob": "' + b64 + b'"}', lambda out: json.loads(out)["blob"].encode()),
+        ]:
+            got = unwrap(sealer.seal(data).data)
+            assert base64.b64decode(got, validate=True) == payload.replace(value, REF)

@@ -229,6 +229,11 @@ class Sealer:
                     for r in runs_of(data, self._min_run, plus=plus)
                     if (r.start, r.end) not in known
                 ]
+            # Which `+` of DATA the percent layer above wrote plainly: a space, to a writer
+            # that escapes the rest (None: no such layer, a `+` is base64's).
+            plain_plus = None
+            if percent_above:
+                plain_plus = (lambda at: True) if spaced is None else (lambda at: spaced()[at] == 0x20)  # noqa: E731
             for run, escape_plus in runs:
                 # A run an escape cuts or touches is whole in the view that decodes the
                 # escape, where it was looked at already; unless the decoding changed
@@ -248,7 +253,7 @@ class Sealer:
                     # the reading that decodes from the run's own first character takes its place.
                     if not (own_plus or all(e.glued for e in overlap)):
                         continue
-                    run_edits, align = self._run_edits(data, run, depth)
+                    run_edits, align = self._run_edits(data, run, depth, plain_plus)
                     if not run_edits or align:
                         continue
                     found = [e for e in found if e not in overlap] + run_edits
@@ -263,7 +268,7 @@ class Sealer:
                         continue
                     if not (own_plus or all(e.glued for e in overlap) or (run.padding and all(e.end < run.end for e in overlap))):
                         continue
-                run_edits, align = self._run_edits(data, run, depth)
+                run_edits, align = self._run_edits(data, run, depth, plain_plus)
                 if align == _after_escape(data, run):
                     align = 0  # read from after the tail of an escape (`\n` in JSON): from its own first character
                 if run.alternative and overlap:
@@ -384,14 +389,17 @@ class Sealer:
             out.append(Edit(t_start, t_end, encoded, e.names, e.depth, e.base64, view.kind, e.glued, doubtful))
         return out
 
-    def _run_edits(self, data: bytes, run: Run, depth: int) -> tuple[list[Edit], int]:
+    def _run_edits(
+        self, data: bytes, run: Run, depth: int, plain_plus: Callable[[int], bool] | None = None
+    ) -> tuple[list[Edit], int]:
         """The edit that seals a base64 run (none or one), and the character offset it was decoded from.
 
         The first offset whose decoding holds a value is taken, unless all it holds
         is detected values: a registered value read at a later offset wins (SPEC §3a:
-        detection never gets in a registered value's way). A run that ends in a plain
-        `+` and a word is read without them first (``_before_a_spaced_word``)."""
-        cut = _before_a_spaced_word(data, run)
+        detection never gets in a registered value's way). In a percent layer's view
+        (PLAIN_PLUS: whether the layer wrote the `+` at an offset plainly), a run that
+        ends in a plain `+` and a word is read without them first (``_before_a_spaced_word``)."""
+        cut = _before_a_spaced_word(data, run, plain_plus) if plain_plus is not None else None
         if cut is not None:
             found = self._run_edits(data, cut, depth)
             if found[0]:
@@ -749,17 +757,18 @@ def _plus_is_base64(data: bytes, run: Run) -> bool:
     return data.find(b"\n", at, run.end) != -1 or data[at - 1 : at] == b"\n"
 
 
-_SPACED_WORD = re.compile(rb"\+([a-z]{3,})")
+_SPACED_WORD = re.compile(rb"\+([a-z]{2,})")
 
 
-def _before_a_spaced_word(data: bytes, run: Run) -> Run | None:
-    """RUN without the plain `+` and the word it ends in (`…JF6+end`, `…kX\n+end`), which a
-    percent layer with `+` for a space writes for ` end`; None when it ends otherwise."""
+def _before_a_spaced_word(data: bytes, run: Run, plain_plus: Callable[[int], bool]) -> Run | None:
+    """RUN without the `+` and the word it ends in (`…JF6+end`, `…kX\n+end`), when the
+    percent layer above wrote that `+` plainly while it escapes others (PLAIN_PLUS): the
+    ` end` of quote_plus, not base64's `+` (which quote writes `%2B`). None otherwise."""
     if run.padding:
         return None
     at = data.rfind(b"+", max(run.start, run.end - 16), run.end)
     m = _SPACED_WORD.fullmatch(data, at, run.end) if at > run.start else None
-    if m is None or not reads_as_words([m.group(1)], at_least=-1.5):
+    if m is None or not plain_plus(at) or not reads_as_words([m.group(1)], at_least=-1.5):
         return None
     end = at
     while end > run.start and data[end - 1] in b"\r\n":
