@@ -229,11 +229,11 @@ class Sealer:
                     for r in runs_of(data, self._min_run, plus=plus)
                     if (r.start, r.end) not in known
                 ]
-            # Which `+` of DATA the percent layer above wrote plainly: a space, to a writer
-            # that escapes the rest (None: no such layer, a `+` is base64's).
-            plain_plus = None
-            if percent_above:
-                plain_plus = (lambda at: True) if spaced is None else (lambda at: spaced()[at] == 0x20)  # noqa: E731
+            def written_plainly(at: int) -> bool:
+                """Whether the percent layer above wrote the `+` at AT plainly: a space, to a writer that escapes the rest."""
+                return spaced is None or spaced()[at] == 0x20
+
+            plain_plus = written_plainly if percent_above else None  # no such layer: a `+` is base64's
             for run, escape_plus in runs:
                 # A run an escape cuts or touches is whole in the view that decodes the
                 # escape, where it was looked at already; unless the decoding changed
