@@ -494,6 +494,16 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
     if line < width < MIN_RUN and data[m.start()] == _BACKSLASH:
         return False
     nxt = bytes(m.group("line"))
+    # A narrow block is read a few lines further: two lines of 16 are too few bytes to
+    # tell text with a glued prefix (`p\xdf\xcathe key is`) from binary.
+    more = m
+    while line == width and len(nxt) < 96 and (more := _NEXT_LINE.match(data, more.end())) is not None:
+        extra = more.group("line")
+        if len(extra) > width:
+            break
+        nxt += extra
+        if len(extra) < width:
+            break
     if _decodes_to_text(bytes(data[start:end]) + nxt):
         return True
     # A narrower next line may be the block's second line, its first one the value's
@@ -503,11 +513,20 @@ def _a_line_of_encoded_text(data, start: int, end: int) -> bool:
 
 
 def _decodes_to_text(chars: bytes) -> bool:
+    """Whether base64 CHARS decode to text: printable ASCII or UTF-8 (`é`, `€`, `🔑` are
+    text; a sequence cut at the end is forgiven), a byte in 20 aside."""
     try:
         decoded = decode_base64(chars[: len(chars) // 4 * 4], strict=True)
     except ValueError:
         return False
-    return len(decoded.translate(None, _PRINTABLE)) <= len(decoded) // 20
+    bad = len(decoded.translate(None, _PRINTABLE))
+    if bad > len(decoded) // 20:
+        text = decoded.decode("utf-8", "replace")
+        bad = sum(1 for ch in text if ch == "\ufffd" or ch in _CONTROL_CHARS) - text.endswith("\ufffd")
+    return bad <= len(decoded) // 20
+
+
+_CONTROL_CHARS = frozenset(chr(c) for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\r")
 
 
 #: What tells detection's JSON view it is needed (keyveil._detected): a `\\/` or a `\\u` escape of a
