@@ -788,7 +788,7 @@ def test_percent_encoded_text_in_a_json_string_whose_slashes_are_escaped():
 
 
 @pytest.mark.parametrize("width", [24, 64, 76])
-@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\\n"])
 def test_a_wrapped_block_with_plain_plus_in_a_form_body(width, eol):
     """A form body (`note=<block>&b=2`) whose client left a wrapped base64 block as it
     was: its `+` are base64's, though a form's `+` is a space. The reading with `+` as a
@@ -797,7 +797,10 @@ def test_a_wrapped_block_with_plain_plus_in_a_form_body(width, eol):
     base64 the block ends on a group's end; the space reading cut part way into a
     group, or inside a line the block goes on below, or at the end of a line whose
     next line starts with the `+`: then the block is sealed whole. Left out, because
-    either reading is as likely: a first `+` on the last line after whole groups."""
+    either reading is as likely: a first `+` on the last line after whole groups. With
+    the line breaks JSON escapes (`\\n`: a JSON string sent as a form), the JSON view
+    reads the block whole: a line the escape ends is no run of its own (random-seed
+    soak 596597952, case 11604)."""
     rng = random.Random(f"{width}{eol!r}")
     value = b"ghp_" + bytes(rng.choices(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz0123456789", k=36))
     sealer = Sealer({NAME: [value]})
@@ -894,3 +897,59 @@ def test_base64_that_ends_in_a_plus_and_letters_is_whole_where_no_percent_layer_
         ]:
             got = unwrap(sealer.seal(data).data)
             assert base64.b64decode(got, validate=True) == payload.replace(value, REF)
+
+
+@pytest.mark.parametrize("where", ["json string", "percent-encoded path"])
+def test_base64_with_plus_is_read_whole_outside_a_query_or_form(where):
+    """Where some value holds a space, keyveil also reads `+` as a space outside a query
+    or form (a header, a JSON string): a guess. Base64 holding `+` in a JSON string, and
+    percent-encoded with `+` left plain in a URL path, was cut at its `+` by that guess:
+    the run before it was re-encoded alone and its last bits lost (`…xHh+M` came back
+    `…xHg+M`; random-seed soak 397885151, cases 8941 and 3806). The run read whole wins
+    over the guess; the percent view that reads `+` as itself over the one that guesses."""
+    rng = random.Random(where)
+    value = b"glpat/" + bytes(rng.choices(b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789", k=20)) + b"+=&"
+    sealer = Sealer({NAME: [value], "other/spaced": [b"has a space " + secrets.token_hex(8).encode()]})
+    checked = 0
+    while checked < 60:
+        payload = rng.randbytes(rng.randrange(0, 4)) + b"TOKEN=" + value + b"\n" + rng.randbytes(rng.randrange(1, 6))
+        b64 = base64.b64encode(payload).decode()
+        if "+" not in b64[-12:]:
+            continue
+        checked += 1
+        if where == "json string":
+            text = "data:application/octet-stream;base64," + b64 + "\r\n env"
+            data = json.dumps({"content": text}).replace("/", "\\/").encode()
+            got = json.loads(sealer.seal(data).data)["content"].split(",", 1)[1].removesuffix("\r\n env")
+        else:
+            data = ("/v1/messages/Basic%20" + quote(b64, safe="+")).encode()
+            got = unquote_to_bytes(sealer.seal(data, url=True).data).decode().removeprefix("/v1/messages/Basic ")
+        assert base64.b64decode(got, validate=True) == payload.replace(value, REF), (b64, got)
+
+
+@pytest.mark.parametrize("where", ["json string", "percent-encoded path"])
+def test_the_soaks_base64_with_plus_outside_a_query_or_form(where):
+    """The two failing cases of random-seed soak 397885151 (8941 and 3806), built again
+    from the corpus's own generated values: base64 holding `+` in a JSON string whose
+    `/` are `\\/`, and in a URL path percent-encoded with `+` safe. With these values
+    the guess that reads `+` as a space found the value too and its cut reading won."""
+    from tests.leak_corpus import make_values
+
+    values = make_values(397885151)
+    sealer = Sealer({name: [v] for name, v in values.items()})
+    value = values["gitlab/token"]
+    ref = b"{{secret:gitlab/token}}"
+    if where == "json string":
+        payload = b"cR\x90" + value + b"\xb1\x1e\x1f\x8c"
+        body = (
+            b'{"model":"m","messages":[{"role":"user","content":"here: says log data:application\\/octet-stream;base64,'
+            + base64.b64encode(payload) + b'\\r\\n env token here: see"}],"stream":true}'
+        )
+        text = json.loads(sealer.seal(body).data)["messages"][0]["content"]
+        got = text.split(",", 1)[1].removesuffix("\r\n env token here: see")
+    else:
+        payload = b"\xcd2export GITHUB_TOKEN=" + value + b"\n\xef\x80\x14"
+        path = ("/v1/messages/" + quote("Basic " + base64.b64encode(payload).decode(), safe="!$&*+=")).encode()
+        got = unquote_to_bytes(sealer.seal(path, url=True).data).decode().removeprefix("/v1/messages/Basic ")
+    assert base64.b64decode(got, validate=True) == payload.replace(value, ref)
+

@@ -190,6 +190,7 @@ class Sealer:
         # The escapes whose views are built: a base64 run they cut or touch is
         # whole in those views, and looked at there only.
         views = b"\\" if json else b""
+        spaced_view = False  # a view that reads `+` as a space where DATA is no query or form
         if plus and (percent or b"+" in data):
             # A query or form: `+` is a space; a layer inside may have kept a
             # literal `+` of the value (quote with `+` safe): both readings.
@@ -202,8 +203,13 @@ class Sealer:
             if percent:
                 edits += self._in_percent(data, depth, plus=False)
                 views += b"%"
-            if text and self._plus and b"+" in data:
-                edits += self._in_percent(data, depth, plus=True)
+            spaced_view = text and self._plus and b"+" in data
+            if spaced_view:
+                # Outside a query or form `+` as a space is a guess: where a reading that
+                # takes `+` as itself found the value too (the percent view, the JSON view,
+                # the run), that reading stands (`…Cu+AFA%3D%3D` in a path, `…xHh+M\\r\\n`
+                # in a JSON string: the guess cut the run at its `+`).
+                edits += [replace(e, guessed=True) for e in self._in_percent(data, depth, plus=True)]
                 views += b"%+"
         if self._min_run and len(data) >= self._min_run:
             # A run that an escape cuts (`\/`, `\n`, `%2B`) is whole only in the
@@ -244,8 +250,14 @@ class Sealer:
                 overlap = [e for e in (*edits, *found) if e.start < run.end + run.padding and run.start < e.end]
                 # In a form or query, the reading with `+` as a space may have cut a wrapped
                 # block at a `+` of its own (`…Iy\r\nZmIq6d+w`): see _plus_is_base64.
+                # So may the view that reads `+` as a space outside a query or form (`…xHh+M`
+                # in a JSON string, a URL path): its reading is a guess, the run's is not.
+                # (Not a run another view's escapes cut: `\\n` of a JSON string ends a line
+                # of its block, which that view reads whole.)
                 own_plus = (
-                    plus and not escape_plus and (run.start, run.end) in first_readings and _plus_is_base64(data, run)
+                    ((plus and not escape_plus and (run.start, run.end) in first_readings) or (spaced_view and not run.alternative))
+                    and not _touches(data, run.start, run.end + run.padding, views.replace(b"+", b""))
+                    and _plus_is_base64(data, run)
                 )
                 if touched and overlap:
                     # Unless the view decoded it after a prefix only (`6 ipc…` where `6+ip` read
@@ -1067,13 +1079,13 @@ def _resolve(edits: list[Edit]) -> list[Edit]:
         # `+` read as a space): that is where the payload starts.
         own = [(e.start, e.end) for e in edits if not e.glued]
         edits = [e for e in edits if not e.glued or not _overlaps(own, e.start, e.end)]
-    if any(e.doubtful for e in edits):
+    if any(e.doubtful or e.guessed for e in edits):
         # Of two readings of the same value's bytes, one whose JSON view read past a
         # backslash that starts no escape (`%5C%20`, percent-decoded, read as JSON)
         # took the layers in the wrong order: the other one writes the reference back
-        # in the order the client wrote them.
-        sure = [e for e in edits if not e.doubtful]
-        edits = [e for e in edits if not e.doubtful or not any(
+        # in the order the client wrote them. So does one that guessed `+` for a space.
+        sure = [e for e in edits if not (e.doubtful or e.guessed)]
+        edits = [e for e in edits if not (e.doubtful or e.guessed) or not any(
             o.names == e.names and o.start < e.end and e.start < o.end for o in sure)]
     if len({e.depth for e in edits if e.layer != "raw"}) > 1:
         # Of two readings of the same value's bytes through views, the one through fewer

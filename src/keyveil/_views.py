@@ -103,6 +103,9 @@ class Edit:
     layer: str = "raw"  # the view it was written back through last: raw, json, percent, base64
     glued: bool = False  # found in a base64 run decoded after a prefix (not from its first character)
     doubtful: bool = False  # read through a JSON view over a backslash that starts no escape (`\ `)
+    #: read with `+` as a space outside a query or form: gives way, at the layer that guessed,
+    #: to a reading of the same value that takes `+` as itself (not kept when lifted)
+    guessed: bool = False
 
 
 # -- JSON string escapes ------------------------------------------------------------------
