@@ -254,8 +254,9 @@ class Sealer:
                 # in a JSON string, a URL path): its reading is a guess, the run's is not.
                 # (Not a run another view's escapes cut: `\\n` of a JSON string ends a line
                 # of its block, which that view reads whole.)
+                in_form = plus and not escape_plus and (run.start, run.end) in first_readings
                 own_plus = (
-                    ((plus and not escape_plus and (run.start, run.end) in first_readings) or (spaced_view and not run.alternative))
+                    (in_form or (spaced_view and not run.alternative))
                     and not _touches(data, run.start, run.end + run.padding, views.replace(b"+", b""))
                     and _plus_is_base64(data, run)
                 )
