@@ -499,10 +499,25 @@ class Sandbox:
         self.listener: socket.socket | None = None
         self._interrupts = 0
         self._ended_by: int | None = None  # our exit code when keyveil ended the sandbox itself
+        # Signals that came while the sandbox was being set up (CMD may already be
+        # running and printing): handled once the event loop's handlers are in place.
+        self._early: list[int] = []
 
     # -- setting up ---------------------------------------------------------------------
 
     def start(self) -> None:
+        # From here a Ctrl-C is kept for _serve: CMD starts before the event loop, and a
+        # signal with no handler yet would end keyveil and leave the sandbox running.
+        for sig in _HANDLED:
+            signal.signal(sig, lambda n, _frame: self._early.append(n))
+        try:
+            self._start()
+        except BaseException:
+            for sig in _HANDLED:
+                signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+            raise
+
+    def _start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_r, info_w = os.pipe()
         err = os.dup(2)
@@ -672,6 +687,9 @@ class Sandbox:
         loop.add_reader(err_fd, self._relay_stderr, err_fd, loop)
         for sig in _HANDLED:
             loop.add_signal_handler(sig, self._on_signal, sig, loop)
+        for sig in self._early:  # (each as it would have been handled then)
+            self._on_signal(sig, loop)
+        self._early.clear()
         self.listener.setblocking(False)
         bridge = asyncio.ensure_future(self._accept(loop))
         try:
