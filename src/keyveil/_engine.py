@@ -1080,13 +1080,13 @@ def _resolve(edits: list[Edit]) -> list[Edit]:
         # `+` read as a space): that is where the payload starts.
         own = [(e.start, e.end) for e in edits if not e.glued]
         edits = [e for e in edits if not e.glued or not _overlaps(own, e.start, e.end)]
-    if any(e.doubtful or e.guessed for e in edits):
+    if any(e.unsure for e in edits):
         # Of two readings of the same value's bytes, one whose JSON view read past a
         # backslash that starts no escape (`%5C%20`, percent-decoded, read as JSON)
         # took the layers in the wrong order: the other one writes the reference back
         # in the order the client wrote them. So does one that guessed `+` for a space.
-        sure = [e for e in edits if not (e.doubtful or e.guessed)]
-        edits = [e for e in edits if not (e.doubtful or e.guessed) or not any(
+        sure = [e for e in edits if not e.unsure]
+        edits = [e for e in edits if not e.unsure or not any(
             o.names == e.names and o.start < e.end and e.start < o.end for o in sure)]
     if len({e.depth for e in edits if e.layer != "raw"}) > 1:
         # Of two readings of the same value's bytes through views, the one through fewer

@@ -107,6 +107,11 @@ class Edit:
     #: to a reading of the same value that takes `+` as itself (not kept when lifted)
     guessed: bool = False
 
+    @property
+    def unsure(self) -> bool:
+        """A reading that gives way to a sure one of the same value (``doubtful`` or ``guessed``)."""
+        return self.doubtful or self.guessed
+
 
 # -- JSON string escapes ------------------------------------------------------------------
 
