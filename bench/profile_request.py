@@ -129,7 +129,8 @@ def main() -> None:
             prof = cProfile.Profile()
             prof.runcall(lambda: [one() for _ in range(n)])
             pstats.Stats(prof).sort_stats("cumtime").print_stats("keyveil", 40)
-            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(40)
+            pstats.Stats(prof).sort_stats("tottime").print_stats("keyveil", 40)
 
 
 if __name__ == "__main__":

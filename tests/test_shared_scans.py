@@ -161,3 +161,56 @@ def test_the_shared_scan_is_kept_per_sealer() -> None:
     with shared_scans():
         assert a.seal(data).data == b"x {{secret:a/one}} y"
         assert b.seal(data).data == b"x {{secret:b/two}} y"
+
+
+def _with_escapes(rng: random.Random, values: list[bytes]) -> bytes:
+    """A generated buffer (``_with_tokens``) with pieces written by the standard library's
+    encoders: JSON strings (ensure_ascii or not, `/` escaped or not), percent-encoding
+    (random safe sets), base64 wrapped at random widths inside a JSON string."""
+    from urllib.parse import quote
+
+    pieces = [_with_tokens(rng, values).decode()]
+    for _ in range(rng.randint(0, 4)):
+        text = rng.choice(values).decode() + rng.choice(["", " é", "\n", '"', "/"])
+        pick = rng.randrange(4)
+        if pick == 0:
+            written = json.dumps(text, ensure_ascii=rng.random() < 0.5)
+            pieces.append(written.replace("/", "\\/") if rng.random() < 0.3 else written)
+        elif pick == 1:
+            pieces.append(quote(text, safe=rng.choice(["", "/", "/+=", "~"])))
+        elif pick == 2:
+            block = base64.b64encode(rng.randbytes(rng.randint(20, 200))).decode()
+            width = rng.choice([12, 16, 60, 64, 76])
+            pieces.append(json.dumps("\n".join(block[i : i + width] for i in range(0, len(block), width))))
+        else:
+            pieces.append(rng.choice(["%", "%4", "%zz", "\\", "\\n", "\\\\", "%25"]))
+    rng.shuffle(pieces)
+    return rng.choice([" ", "\n", ""]).join(pieces).encode()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_joint_scan_answers_what_each_trigger_answers_alone(seed: int) -> None:
+    """The sealer's escape triggers and detection's first run head are read from the scan made
+    for both (``Sealer._joint_scan``, VIEW_TRIGGERS' RUN_HEAD): the answers are those of the
+    scans each would make alone, on buffers written by the standard library's encoders."""
+    from keyveil._detect import MIN_RUN, shipped_detector
+    from keyveil._detected import _first_run_head
+    from keyveil._engine import _JSON_MARKED, _PERCENT_MARKED, Sealer
+
+    rng = random.Random(seed)
+    detector = shipped_detector()
+    alphabet = "abcdefXYZ0189+/=\"\\ é%-_"
+    values = {f"t/v{i}": ["".join(rng.choice(alphabet) for _ in range(rng.randint(12, 30))).encode()] for i in range(12)}
+    joint = Sealer(values, companion=detector.expressions)
+    flat = [v for vs in values.values() for v in vs]
+    answers = set()
+    for _ in range(300):
+        data = _with_escapes(rng, flat)
+        with shared_scans():
+            joint.companion_hits(data)
+            shared = (joint._escapes_matter(data, _JSON_MARKED), joint._escapes_matter(data, _PERCENT_MARKED))
+        alone = (joint._json_trigger.search(data), joint._percent_trigger.search(data))
+        assert shared == alone, data
+        answers.add(alone)
+        assert _first_run_head(detector.hits(data), detector.view_base) == _views._run_heads(MIN_RUN, False).first_end(data)
+    assert len(answers) == 4  # each trigger said yes and no, apart and together

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import binascii
 import functools
+import itertools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from json import dumps as _json_dumps
 from urllib.parse import quote, unquote_to_bytes
+
+import hyperscan
 
 from ._errors import KeyveilError
 from ._letters import reads_as_words
@@ -35,7 +38,7 @@ from ._views import (
     _STD_TO_URL as _TO_URL,
     _URL_TO_STD as _TO_STD,
     B64_ALPHABET,
-    WRAPPED_IN_JSON_PATTERN,
+    WRAPPED_IN_JSON_PATTERNS,
     Base64View,
     Edit,
     JsonView,
@@ -120,17 +123,23 @@ class Sealer:
         self.names = frozenset(values)
         weak = [i for i, n in enumerate(self._names) if n.startswith(DETECTED_PREFIX)]
         self._raw = Matcher(self._values, weak=weak)
+        self._json_trigger, self._percent_trigger = _triggers(self._values)
         # The buffers detection reads (a request's parts, its decoded views) are scanned
-        # once for both, with the companion; the sealer's other buffers (its own views,
-        # decoded runs) with the values alone, which scans them faster.
-        self._joint = Matcher(self._values, weak=weak, companion=companion) if companion else None
+        # once for both, with the companion, and for the escapes that call for the JSON
+        # and percent views (each expression reported once); the sealer's other buffers
+        # (its own views, decoded runs) with the values alone, which scans them faster.
+        self._companion = len(companion)
+        self._json_markers = len(self._json_trigger.expressions)
+        markers = [
+            (e, hyperscan.HS_FLAG_SINGLEMATCH) for e in (*self._json_trigger.expressions, *self._percent_trigger.expressions)
+        ]
+        self._joint = Matcher(self._values, weak=weak, companion=[*companion, *markers]) if companion else None
         shortest = min(map(len, self._values), default=0)
         # No encoding of SPEC §3 is shorter than what it encodes: a buffer shorter
         # than every value holds none, in any form (host names, methods, most headers).
         self._shortest = shortest
         self.longest = max(map(len, self._values), default=0)
         self._min_run = -(-4 * shortest // 3) if shortest else 0
-        self._json_trigger, self._percent_trigger = _triggers(self._values)
         self._plus = any(b" " in v for v in self._values)
         self._separator = next((bytes([b]) for b in (0, 1, 2, 3) if not any(bytes([b]) in v for v in self._values)), b"")
         # Bytes that can be inside some form of some value: a stream releases
@@ -181,12 +190,12 @@ class Sealer:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
-        json = text and b"\\" in data and self._json_trigger.search(data)
+        json = text and b"\\" in data and self._escapes_matter(data, _JSON_MARKED)
         if json:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
-        percent = text and b"%" in data and self._percent_trigger.search(data)
+        percent = text and b"%" in data and self._escapes_matter(data, _PERCENT_MARKED)
         # The escapes whose views are built: a base64 run they cut or touch is
         # whole in those views, and looked at there only.
         views = b"\\" if json else b""
@@ -441,13 +450,34 @@ class Sealer:
                 return both[0]
         return self._raw.find(data)
 
+    def _escapes_matter(self, data: bytes, which: int) -> bool:
+        """Whether DATA holds a JSON (WHICH: _JSON_MARKED) or percent (_PERCENT_MARKED) escape
+        that calls for its view (_triggers): from the scan made with detection when it read
+        DATA too, else scanned for now."""
+        if self._joint is not None:
+            both = already_worked_out("sealer", data, self)
+            if both is not None:
+                return both[which]
+        return (self._json_trigger if which == _JSON_MARKED else self._percent_trigger).search(data)
+
     def companion_hits(self, data: bytes) -> list[tuple[int, int, int]]:
         """The companion's matches in DATA (index, start, end), from one scan with the values; the
-        values' matches are kept (in shared_scans, keyed by the sealer itself: its numbering) for
-        the seal that follows. Without a companion: none."""
+        values' matches and the escape triggers' answers are kept (in shared_scans, keyed by the
+        sealer itself: its numbering) for the seal that follows. Without a companion: none."""
         if self._joint is None:
             return []
-        return worked_out("sealer", data, self, self._joint.find_with)[1]
+        return worked_out("sealer", data, self, self._joint_scan)[1]
+
+    def _joint_scan(self, data: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], bool, bool]:
+        """The values' matches in DATA, the companion's, and whether a JSON and a percent escape that
+        matter occur there (_triggers): one scan."""
+        occurrences, hits = self._joint.find_with(data)
+        base = self._companion
+        if not any(index >= base for index, _, _ in hits):
+            return occurrences, hits, False, False
+        json = any(base <= index < base + self._json_markers for index, _, _ in hits)
+        percent = any(index >= base + self._json_markers for index, _, _ in hits)
+        return occurrences, [hit for hit in hits if hit[0] < base], json, percent
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""
@@ -944,7 +974,9 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
 
     Each test is one Hyperscan scan of all its patterns, stopped at the first
     match: a buffer full of irrelevant escapes (ensure_ascii JSON of CJK
-    text, prose with a `\\n` every few words) costs one pass in C."""
+    text, prose with a `\\n` every few words) costs one pass in C. Each is
+    compiled when first asked (``_AnyOf``): the buffers detection reads are
+    asked in the scan made for detection and the sealer (``Sealer._joint_scan``)."""
     relevant = set(_SYNTAX)
     values_bytes: set[int] = set()
     wide: set[int] = set()
@@ -956,31 +988,45 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
         except UnicodeDecodeError:
             wide.add(-1)  # a value that is not UTF-8: every \\u escape may matter
     patterns: list[bytes] = []
+    # `\\u0041` in every mix of case, written out: Hyperscan finds six-byte literals at
+    # memory speed, where a pattern starting `\\u` confirms every `\\u` of the text.
+    literals: list[bytes] = []
     if -1 in wide:
         patterns.append(rb"\\u[0-9a-fA-F]{4}")
     else:
-        latin = {c for c in relevant if c < 0x80} | {c for c in wide if c <= 0xFF}
-        patterns.append(("\\\\u" + _hex_alternatives("00", latin)).encode())
+        literals += _u_escapes({c for c in relevant if c < 0x80} | {c for c in wide if c <= 0xFF})
         higher = sorted(c for c in wide if 0xFF < c <= 0xFFFF)
         if len(higher) > 16:
             patterns.append(rb"\\u[0-9a-fA-F]{4}")
         else:
-            # `\\u20ac`: the first hex digit starts the literal where it is a digit.
-            patterns += [("\\\\u" + _cased(f"{c:04x}")).encode() for c in higher]
+            literals += _u_escapes(higher)
         if any(c > 0xFFFF for c in wide):
             patterns += [rb"\\ud[89abAB]", rb"\\uD[89abAB]"]  # a surrogate pair: any character beyond U+FFFF
     short_literals, short_patterns = _short_escapes(values)
     patterns += short_patterns
+    literals += short_literals
     # `\\/` is in the base64 alphabet; `\\\\` matters when a value holds a
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
     patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
     # Base64 wrapped inside a JSON string, whatever the values (_views.wrapped_in_json): in
     # the same scan, which stops at the first match of either.
-    patterns.append(WRAPPED_IN_JSON_PATTERN)
+    patterns += WRAPPED_IN_JSON_PATTERNS
     percent_trigger = _AnyOf([("%" + _hex_alternatives("", relevant)).encode()])
-    return _AnyOf(patterns, short_literals), percent_trigger
+    return _AnyOf(patterns, literals), percent_trigger
 
+
+def _u_escapes(codes: Iterable[int]) -> list[bytes]:
+    """`\\u` escapes of CODES (each below U+10000), in every mix of hex-digit case."""
+    return [
+        b"\\u" + "".join(digits).encode()
+        for c in codes
+        for digits in itertools.product(*(sorted({d, d.upper()}) for d in f"{c:04x}"))
+    ]
+
+
+#: where the sealer's joint scan result (``Sealer._joint_scan``) holds each trigger's answer
+_JSON_MARKED, _PERCENT_MARKED = 2, 3
 
 _SHORT_ESCAPES = {ord('"'): b'\\"', 8: b"\\b", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t"}
 
@@ -1029,15 +1075,22 @@ def _layered(escape: bytes) -> tuple[bytes, ...]:
 
 class _AnyOf:
     """Whether any of several patterns, or any of several literals, occurs in a
-    buffer: one Hyperscan scan, stopped at the first match."""
+    buffer: one Hyperscan scan, stopped at the first match. Compiled when first
+    asked: a sealer whose buffers are all scanned with detection's (the proxy's
+    top-level buffers) may never ask, and the JSON trigger takes tens of
+    milliseconds to compile."""
 
-    __slots__ = ("_scanner", "literals", "patterns")
+    __slots__ = ("_scanner", "expressions", "literals", "patterns")
 
     def __init__(self, patterns: list[bytes], literals: Sequence[bytes] = ()) -> None:
         self.patterns, self.literals = tuple(patterns), tuple(literals)
-        self._scanner = Scanner([*patterns, *(escaped(lit) for lit in literals)])
+        #: what the scan looks for, as Hyperscan expressions
+        self.expressions = (*self.patterns, *(escaped(lit) for lit in self.literals))
+        self._scanner: Scanner | None = None
 
     def search(self, data: bytes) -> bool:
+        if self._scanner is None:
+            self._scanner = Scanner(self.expressions)
         return self._scanner.any(data)
 
 
