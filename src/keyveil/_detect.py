@@ -47,7 +47,7 @@ from keyveil._rules import (
     shipped_config_dir,
 )
 from keyveil._rules import _message as _rules_message
-from keyveil._views import decode_base64, run_head_expression
+from keyveil._views import decode_base64
 
 __all__ = [
     "Detection",
@@ -529,18 +529,17 @@ def _decodes_to_text(chars: bytes) -> bool:
 _CONTROL_CHARS = frozenset(chr(c) for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\r")
 
 
-#: What tells detection's decoded views they are needed (keyveil._detected): a `\\/` or a `\\u`
-#: escape of a digit or letter (each hit checked to be an escape, not an escaped backslash and
-#: text), the header of a private key whose line breaks may be escapes, and where the first
-#: buffer segment long enough for a base64 run of MIN_RUN characters ends (``_views.base64_runs``
-#: starts there, without a scan of its own). Indexes from `Detector.view_base`.
+#: What tells detection's JSON view it is needed (keyveil._detected): a `\\/` or a `\\u` escape of a
+#: digit or letter (each hit checked to be an escape, not an escaped backslash and text), and the
+#: header of a private key whose line breaks may be escapes. Indexes from `Detector.view_base`.
+#: (Not where the first base64 run may start: a bounded repeat in this scan costs more than the
+#: scan base64_runs makes of its own.)
 TOKEN_ESCAPE_PATTERN = rb"\\(?:/|u00(?:3[0-9]|[4-7][0-9a-fA-F]))"
 VIEW_TRIGGERS: tuple[tuple[bytes, int], ...] = (
     (TOKEN_ESCAPE_PATTERN, 0),
     (escaped(b"PRIVATE KEY"), hyperscan.HS_FLAG_SINGLEMATCH),
-    (run_head_expression(MIN_RUN), hyperscan.HS_FLAG_SINGLEMATCH),
 )
-TOKEN_ESCAPE, PRIVATE_KEY, RUN_HEAD = 0, 1, 2
+TOKEN_ESCAPE, PRIVATE_KEY = 0, 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
-from ._detect import MIN_RUN, PRIVATE_KEY, RUN_HEAD, TOKEN_ESCAPE, TOKEN_ESCAPE_PATTERN, Detector, detected_name, shipped_detector
+from ._detect import MIN_RUN, PRIVATE_KEY, TOKEN_ESCAPE, TOKEN_ESCAPE_PATTERN, Detector, detected_name, shipped_detector
 from ._errors import VaultError
 from ._views import Base64View, is_escape, json_unescape, runs_of, to_standard_alphabet
 
@@ -160,10 +160,9 @@ def views(
     if detector is None:  # asked alone (tests): the shipped table
         detector = shipped_detector()
     hits = hits or _once(detector.hits)
-    found = hits(data)
-    runs = runs_of(data, MIN_RUN, first=_first_run_head(found, detector.view_base)) if len(data) >= MIN_RUN else []
+    runs = runs_of(data, MIN_RUN) if len(data) >= MIN_RUN else []
     if b"\\" in data and (
-        _json_view_needed(data, found, detector.view_base) or _block_wrapped_in_json(data, runs)
+        _json_view_needed(data, hits(data), detector.view_base) or _block_wrapped_in_json(data, runs)
     ):
         decoded = json_unescape(data)
         if decoded != data:
@@ -186,12 +185,6 @@ def views(
 
 #: the header of what the private-key shape takes (config/detectors.yaml): a certificate's is not one
 _PEM_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]{0,64}PRIVATE KEY")
-
-
-def _first_run_head(hits: list[tuple[int, int, int]], base: int) -> int:
-    """Where the detector's scan (HITS, its VIEW_TRIGGERS from index BASE) found the first
-    buffer segment long enough for a run of MIN_RUN characters to end (-1: none)."""
-    return next((end for index, _, end in hits if index == base + RUN_HEAD), -1)
 
 
 def _json_view_needed(data: bytes, hits: list[tuple[int, int, int]], base: int) -> bool:

@@ -589,7 +589,7 @@ class Run:
     alternative: bool = False
 
 
-def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False, first: int | None = None) -> Iterator[Run]:
+def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False) -> Iterator[Run]:
     """Every run of at least MIN_CHARS base64 characters; wrapped blocks joined across their line breaks.
 
     A run is looked for in each buffer segment of alphabet bytes and line
@@ -598,9 +598,6 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False,
     the last of the same width (at least ``MIN_WIDTH``), the last no longer.
     A word on the line before a block, or a token on the line after it, is
     a run of its own.
-
-    FIRST: where the first match of ``run_head_expression`` for that seed ends
-    in DATA (-1: nowhere), found by a scan another reader made of DATA anyway.
     """
     heads = _run_heads(max(1, min(min_chars, seed)), plus)
     classes = None
@@ -608,7 +605,7 @@ def base64_runs(data: bytes, min_chars: int, seed: int = 48, plus: bool = False,
     while True:
         # Inside the next buffer segment (alphabet bytes and line breaks) long
         # enough to hold a run (_run_heads): most text has none at all.
-        hit = (heads.first_end(data, pos) if first is None or pos else first) - 1
+        hit = heads.first_end(data, pos) - 1
         if hit < 0:
             break
         if classes is None:
@@ -636,8 +633,8 @@ def _segment_runs(data: bytes, classes: bytes, start: int, end: int, min_chars: 
             yield Run(run_start, run_end, _padding(data, run_end), alternative)
 
 
-def runs_of(data: bytes, min_chars: int, plus: bool = False, first: int | None = None) -> list[Run]:
-    """``base64_runs(DATA, MIN_CHARS, plus=PLUS, first=FIRST)`` as a list, worked out once per buffer in ``shared_scans``.
+def runs_of(data: bytes, min_chars: int, plus: bool = False) -> list[Run]:
+    """``base64_runs(DATA, MIN_CHARS, plus=PLUS)`` as a list, worked out once per buffer in ``shared_scans``.
 
     The runs of a shorter MIN_CHARS hold those of a longer one: every buffer
     segment a longer run lies in is found by the shorter seed too, and is cut
@@ -646,7 +643,7 @@ def runs_of(data: bytes, min_chars: int, plus: bool = False, first: int | None =
     """
     entry = _shared("runs", data, plus)
     if entry is None or entry[1] > min_chars:
-        runs = list(base64_runs(data, min_chars, plus=plus, first=first))
+        runs = list(base64_runs(data, min_chars, plus=plus))
         _keep("runs", data, plus, min_chars, runs)
         return runs
     if entry[1] == min_chars:
@@ -702,19 +699,15 @@ WRAPPED_IN_JSON_PATTERNS = _wrapped_in_json_patterns()
 _WRAPPED_IN_JSON = Scanner(WRAPPED_IN_JSON_PATTERNS)
 
 
-def run_head_expression(seed: int, plus: bool = False) -> bytes:
+@functools.cache
+def _run_heads(seed: int, plus: bool) -> FirstMatch:
     """Where base64_runs may find a run: SEED bytes in a row that are alphabet bytes
     or line breaks. Every run lies in a buffer segment of such bytes at least as long
     as the run (and SEED is no longer than that): a segment without SEED of them holds
     none, and most text has no such segment at all (words, short lines)."""
     classes = B64_CLASSES_PLUS if plus else B64_CLASSES
-    return b"%s{%d}" % (byte_class(bytes(b for b in range(256) if classes[b])), seed)
-
-
-@functools.cache
-def _run_heads(seed: int, plus: bool) -> FirstMatch:
-    """The first end of ``run_head_expression(SEED, PLUS)`` in a buffer."""
-    return FirstMatch([run_head_expression(seed, plus)], longest=seed)
+    segment = byte_class(bytes(b for b in range(256) if classes[b]))
+    return FirstMatch([b"%s{%d}" % (segment, seed)], longest=seed)
 
 
 def _count_breaks(data: bytes, start: int, end: int) -> int:
