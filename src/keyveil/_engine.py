@@ -791,13 +791,48 @@ def _plus_is_base64(data: bytes, run: Run) -> bool:
     stands part way into a group (no encoder ends a text there and writes on), or
     inside a line of a block that goes on below (a space does not stand inside a
     wrapped line), or at the start of a line. A first `+` on a block's last line, after
-    whole groups, may be either: the reading with `+` as a space stands."""
+    whole groups, may be either: the reading with `+` as a space stands.
+
+    An unpadded RUN of a length base64 can have, whose first `+` stands part way into
+    a group: its `+` are base64's when that `+` stands one character into the group
+    (read as a space, it would end the text before it where no base64 can end:
+    `…5T+o`), or when what follows the group ends in text (``_ends_in_text``: a text
+    encoded whole, `…tbU+CmhlcmUg…`, "…\\nhere"). After base64 that ends part way into
+    a group, ` more words` written with `+` decode to no text there."""
     at = data.find(b"+", run.start, run.end)
-    if at == -1 or (run.end - run.start - _count_breaks(data, run.start, run.end) + run.padding) % 4:
+    if at == -1:
         return False
-    if (at - run.start - _count_breaks(data, run.start, at)) % 4:
+    chars = run.end - run.start - _count_breaks(data, run.start, run.end) + run.padding
+    into = (at - run.start - _count_breaks(data, run.start, at)) % 4
+    if chars % 4:
+        if run.padding or chars % 4 == 1 or not into:
+            return False
+        if into == 1:
+            return True
+        text = data[run.start : run.end].replace(b"\r", b"").replace(b"\n", b"")
+        after = text[at - run.start - _count_breaks(data, run.start, at) - into + 4 :]
+        try:
+            return _ends_in_text(a2b_base64(after + b"=" * (-len(after) % 4)))
+        except binascii.Error:
+            return False
+    if into:
         return True
     return data.find(b"\n", at, run.end) != -1 or data[at - 1 : at] == b"\n"
+
+
+def _ends_in_text(decoded: bytes) -> bool:
+    """Whether DECODED ends in UTF-8 text: its last twelve bytes (but for up to three,
+    where a character starts) printable characters and line breaks. Words written with
+    `+` for a space, read as base64, decode to no such thing."""
+    if len(decoded) < 12:
+        return False
+    for skip in range(4):
+        try:
+            text = decoded[len(decoded) - 12 + skip :].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return all(c.isprintable() or c in "\t\n\r" for c in text)
+    return False
 
 
 _SPACED_WORD = re.compile(rb"\+([a-z]{2,})")
