@@ -858,6 +858,37 @@ def test_unpadded_base64_with_plain_plus_in_a_query(tail):
     assert checked > 30
 
 
+@pytest.mark.parametrize("escape", ["%2c", "%2C", "%3A", "%20"])
+def test_one_line_of_base64_glued_to_an_escape_and_a_word_on_the_next_line(escape):
+    """`…;base64%2c<one line of base64>\nlog env log` (a data URL written percent-encoded,
+    then text): read raw, the line starts with the escape's tail (`2c`) and is one
+    character past a group, so it could not end a base64 text and the word below was
+    taken as its last line (random-seed soak 400042423, case 15342). The line is judged
+    from after the escape's tail too: the word stays text. Checked with the standard
+    library: the text percent-decoded, the line base64-decoded."""
+    rng = random.Random(escape)
+    value = b"ghp_" + bytes(rng.choices(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz0123456789", k=36))
+    sealer = Sealer({NAME: [value]})
+    checked = 0
+    for _ in range(300):
+        payload = rng.randbytes(rng.randrange(0, 4)) + b"token: " + value + rng.randbytes(rng.randrange(0, 3))
+        line = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+        if len(line) % 4 == 0:
+            continue  # a line that ends on a group's end ends the text as it stands: not this case
+        word = rng.choice(["log", "env", "the", "says", "here", "fix"])
+        after = f"\n{word} {rng.choice(['env log', 'please', 'ok'])}\r\n"
+        data = f"TOKEN=data:application/octet-stream;base64{escape}{line}{after}".encode()
+        sealed = sealer.seal(data).data
+        checked += 1
+        text = unquote_to_bytes(sealed)
+        head, sep, rest = text.partition(b";base64" + unquote_to_bytes(escape))
+        assert head == b"TOKEN=data:application/octet-stream" and sep, sealed
+        got_line, _, tail = rest.partition(b"\n")
+        assert b"\n" + tail == after.encode(), (data, sealed)
+        assert base64.urlsafe_b64decode(got_line + b"=" * (-len(got_line) % 4)) == payload.replace(value, REF)
+    assert checked > 150
+
+
 def test_unpadded_base64_then_words_written_with_plus_in_a_query():
     """The guard for the rule above: `quote_plus("<base64> more words")`, base64 that holds
     no `+` of its own and ends two or three characters into a group, then words for which

@@ -817,7 +817,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
             (
                 _word_like(data, *lines[j + 1])
                 and (
-                    (j == i and _ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
+                    (j == i and _line_ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
                     or (_text_after_block(data, *lines[j + 1]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
                 )
             )
@@ -959,6 +959,15 @@ def _wrappers_last_line(data: bytes, line: tuple[int, int], word: tuple[int, int
         and _ends_an_encoding(data, word[0], word[1], width + letters)
         and not reads_as_words([data[word[0] : word[1]]], at_least=-0.25 if letters == 3 else -1.5)
     )
+
+
+def _line_ends_an_encoding(data: bytes, start: int, end: int) -> bool:
+    """``_ends_an_encoding`` of the line START..END as it stands, or from after the tail of
+    an escape glued to its start (`%2cdG9r…`: the run scan reads `2c` as base64)."""
+    if _ends_an_encoding(data, start, end):
+        return True
+    tail = escape_tail(data, start)
+    return bool(tail) and _ends_an_encoding(data, start + tail, end)
 
 
 def _ends_an_encoding(data: bytes, start: int, end: int, chars: int | None = None) -> bool:
