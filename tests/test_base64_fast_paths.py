@@ -371,3 +371,45 @@ def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
                 assert (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(head + b"=" * (-len(head) % 4)) == (
                     (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(line).replace(value, REF)
                 )
+
+
+@pytest.mark.parametrize("width", [12, 30, 48, 64, 76])
+def test_a_word_the_block_could_not_end_with_stays_text(width):
+    """A wrapped block of two lines or more, then a word of three letters and prose
+    (`…\\nfix the`): when the block ends a base64 text as it stands and could not with
+    the word (the bits test: `x` three characters past a group holds bits no encoder
+    sets), the word is text (random-seed soak 400042423, case 10527: a 30-column block
+    in a multipart part). Both the C-speed path for equal LF lines and the line-by-line
+    one (CRLF) are taken. Stdlib encodes, wraps and decodes."""
+    rng = random.Random(width)
+    value = b"kv_" + bytes(rng.choices(b"abcdefghijkmnpqrstuvwxyzABCDEFGH23456789", k=24))
+    sealer = Sealer({NAME: [value]})
+    checked = 0
+    for _ in range(400):
+        urlsafe, eol = rng.random() < 0.5, rng.choice([b"\n", b"\r\n"])
+        payload = rng.randbytes(rng.randrange(0, 30)) + value + rng.randbytes(rng.randrange(0, 200))
+        text = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(payload).rstrip(b"=")
+        lines = [text[i : i + width] for i in range(0, len(text), width)]
+        word = rng.choice([b"fix", b"log", b"the", b"env", b"see", b"ago"])
+        chars = len(text)
+        if len(lines) < 2 or chars % 4 == 1 or not _may_end(text) or _may_end(text + word):
+            continue
+        checked += 1
+        after = b" " + rng.choice([b"the", b"again please", b"ok"]) + eol
+        data = b"note:" + eol + eol.join(lines) + eol + word + after
+        sealed = sealer.seal(data).data
+        head, sep, rest = sealed.rpartition(eol + word + after)
+        assert sep and not rest, (data, sealed)
+        got = b"".join(head[len(b"note:" + eol) :].split(eol))
+        decoded = (base64.urlsafe_b64decode if urlsafe else base64.b64decode)(got + b"=" * (-len(got) % 4))
+        assert decoded == payload.replace(value, REF)
+    assert checked > 100
+
+
+def _may_end(text: bytes) -> bool:
+    """Whether TEXT (unpadded base64) is what an encoder may write: stdlib's decoding, encoded again, gives it back."""
+    try:
+        decoded = base64.urlsafe_b64decode(text.replace(b"+", b"-").replace(b"/", b"_") + b"=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    return base64.urlsafe_b64encode(decoded).rstrip(b"=") == text.replace(b"+", b"-").replace(b"/", b"_")

@@ -722,7 +722,8 @@ def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
     (``_wrapped_blocks`` cuts it then). One run: a single line, or — the common
     case, at C speed — one block of equal LF lines (MIME, PEM bodies), at least
     MIN_WIDTH wide, three lines or more, a last line no longer that is no word
-    of text, no `\r` and no PEM armour. Its classes are then exactly
+    of text (nor a word the block could not end with: ``_ends_without``), no `\r`
+    and no PEM armour. Its classes are then exactly
     (width alphabet bytes, one break) repeated, then the last line: one
     comparison checks every break's place, and counts them."""
     first = data.find(b"\n", start, end)
@@ -745,6 +746,8 @@ def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
         if not classes.startswith(lines if at + step <= body_end else lines[: body_end - at], at):
             return None
     if classes.find(b"\x02", body_end, end) != -1 or _text_after_block(data, body_end, end):
+        return None
+    if _word_like(data, body_end, end) and _prose_after(data, end) and _ends_without(data, start, (body_end - 1 - width, body_end - 1), (body_end, end)):
         return None
     return breaks
 
@@ -819,6 +822,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
                 and (
                     (j == i and _line_ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
                     or (_text_after_block(data, *lines[j + 1]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
+                    or (_prose_after(data, lines[j + 1][1]) and _ends_without(data, first_start, lines[j], lines[j + 1]))
                 )
             )
             or _opens_text(data, *lines[j + 1])
@@ -902,7 +906,20 @@ def _text_after_block(data: bytes, start: int, end: int) -> bool:
     """Whether the line START..END after a block is a word of text: four or more
     lower-case letters, and prose goes on after it (a space or a punctuation
     mark, not a line break, quote or padding)."""
-    return end - start >= 4 and _word_like(data, start, end) and data[end : end + 1] in (b" ", b":", b",", b".", b";", b"!", b"?")
+    return end - start >= 4 and _word_like(data, start, end) and _prose_after(data, end)
+
+
+def _prose_after(data: bytes, at: int) -> bool:
+    """Whether prose goes on at AT, after a line: a space or a punctuation mark (not a line break, quote or padding)."""
+    return data[at : at + 1] in (b" ", b":", b",", b".", b";", b"!", b"?")
+
+
+def _ends_without(data: bytes, start: int, last: tuple[int, int], word: tuple[int, int]) -> bool:
+    """Whether the block START..LAST (its last line) ends a base64 text as it stands, while
+    with WORD, the line after it, it could not (``_ends_an_encoding``: `…\\nfix the` after
+    whole groups; no encoder ends with `x` three past a group): the word is text."""
+    chars = last[1] - start - _count_breaks(data, start, last[1])
+    return _ends_an_encoding(data, last[0], last[1], chars) and not _ends_an_encoding(data, word[0], word[1], chars + word[1] - word[0])
 
 
 def _opens_text(data: bytes, start: int, end: int) -> bool:
