@@ -304,9 +304,14 @@ class Sealer:
                 # (which base64 never mixes with `+`), may be a space. (The run's
                 # characters are copied only when it was sealed: a long image is not.)
                 # So may a plain `+` in a run where the layer above wrote another `+` as
-                # `%2B` (SPACED): a writer that escapes base64's `+` writes a space as `+`.
+                # `%2B` (SPACED): a writer that escapes base64's `+` writes a space as `+`;
+                # unless the run, read from its own first character, ends in padding: then
+                # it is one text to its end (a writer that escapes some of the characters it
+                # may leave, `…8J%2BUkXr+MQ%3D%3D`: random-seed soak 596597952, case 15292).
                 chars = data[run.start : run.end] if not plus and run_edits else b""
-                if chars and b"+" in chars and (align or b"-" in chars or b"_" in chars or _both_plusses(spaced, run)):
+                if chars and b"+" in chars and (
+                    align or b"-" in chars or b"_" in chars or (_both_plusses(spaced, run) and not run.padding)
+                ):
                     pieces = self._in_plus_pieces(data, run, depth, spaced)
                     if pieces:
                         # Read with `+` as a space: a `+` the new run holds is written `%2B`
