@@ -747,7 +747,7 @@ def _one_block(data: bytes, classes: bytes, start: int, end: int) -> int | None:
             return None
     if classes.find(b"\x02", body_end, end) != -1 or _text_after_block(data, body_end, end):
         return None
-    if _word_like(data, body_end, end) and _prose_after(data, end) and _ends_without(data, start, (body_end - 1 - width, body_end - 1), (body_end, end)):
+    if _word_like(data, body_end, end) and _ends_without(data, start, (body_end - 1 - width, body_end - 1), (body_end, end)):
         return None
     return breaks
 
@@ -822,7 +822,7 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
                 and (
                     (j == i and _line_ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
                     or (_text_after_block(data, *lines[j + 1]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
-                    or (_prose_after(data, lines[j + 1][1]) and _ends_without(data, first_start, lines[j], lines[j + 1]))
+                    or _ends_without(data, first_start, lines[j], lines[j + 1])
                 )
             )
             or _opens_text(data, *lines[j + 1])
