@@ -375,12 +375,13 @@ def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
 
 @pytest.mark.parametrize("width", [12, 30, 48, 64, 76])
 def test_a_word_the_block_could_not_end_with_stays_text(width):
-    """A wrapped block of two lines or more, then a word of three letters (and prose, or nothing)
-    (`…\\nfix the`): when the block ends a base64 text as it stands and could not with
-    the word (the bits test: `x` three characters past a group holds bits no encoder
-    sets), the word is text (random-seed soak 400042423, case 10527: a 30-column block
-    in a multipart part). Both the C-speed path for equal LF lines and the line-by-line
-    one (CRLF) are taken. Stdlib encodes, wraps and decodes."""
+    """A wrapped block of two lines or more, then a word of three letters with prose, a
+    line or nothing after it (`…\\nfix the`): when the block ends a base64 text as it
+    stands and could not with the word (the bits test: `x` three characters past a
+    group holds bits no encoder sets), the word is text (random-seed soaks 400042423,
+    case 10527: a 30-column block in a multipart part; 34124673, case 7666: 14 columns,
+    the word at the body's end). Both the C-speed path for equal LF lines and the
+    line-by-line one (CRLF) are taken. Stdlib encodes, wraps and decodes."""
     rng = random.Random(width)
     value = b"kv_" + bytes(rng.choices(b"abcdefghijkmnpqrstuvwxyzABCDEFGH23456789", k=24))
     sealer = Sealer({NAME: [value]})
