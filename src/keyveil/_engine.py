@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from json import dumps as _json_dumps
+from typing import NamedTuple
 from urllib.parse import quote, unquote_to_bytes
 
 import hyperscan
@@ -190,12 +191,12 @@ class Sealer:
         edits: list[Edit] = []
         # Escapes are text: a base64 run that decodes to binary (an image)
         # is looked at for raw values and further base64 only.
-        json = text and b"\\" in data and self._escapes_matter(data, _JSON_MARKED)
+        json = text and b"\\" in data and self._escapes_matter(data, "json")
         if json:
             # The JSON view holds every base64 run of DATA too, joined across
             # `\n` and `\/`: runs are looked for there, once.
             edits += self._in_json(data, depth)
-        percent = text and b"%" in data and self._escapes_matter(data, _PERCENT_MARKED)
+        percent = text and b"%" in data and self._escapes_matter(data, "percent")
         # The escapes whose views are built: a base64 run they cut or touch is
         # whole in those views, and looked at there only.
         views = b"\\" if json else b""
@@ -450,20 +451,19 @@ class Sealer:
     def _occurrences(self, data: bytes) -> list[tuple[int, int, int]]:
         """The values' matches in DATA: from the scan made for detection when it read DATA too."""
         if self._joint is not None:
-            both = already_worked_out("sealer", data, self)
-            if both is not None:
-                return both[0]
+            scan = already_worked_out("sealer", data, self)
+            if scan is not None:
+                return scan.occurrences
         return self._raw.find(data)
 
-    def _escapes_matter(self, data: bytes, which: int) -> bool:
-        """Whether DATA holds a JSON (WHICH: _JSON_MARKED) or percent (_PERCENT_MARKED) escape
-        that calls for its view (_triggers): from the scan made with detection when it read
-        DATA too, else scanned for now."""
+    def _escapes_matter(self, data: bytes, which: str) -> bool:
+        """Whether DATA holds an escape that calls for its view (WHICH: "json" or "percent";
+        _triggers): from the scan made with detection when it read DATA too, else scanned for now."""
         if self._joint is not None:
-            both = already_worked_out("sealer", data, self)
-            if both is not None:
-                return both[which]
-        return (self._json_trigger if which == _JSON_MARKED else self._percent_trigger).search(data)
+            scan = already_worked_out("sealer", data, self)
+            if scan is not None:
+                return getattr(scan, which)
+        return (self._json_trigger if which == "json" else self._percent_trigger).search(data)
 
     def companion_hits(self, data: bytes) -> list[tuple[int, int, int]]:
         """The companion's matches in DATA (index, start, end), from one scan with the values; the
@@ -471,18 +471,21 @@ class Sealer:
         sealer itself: its numbering) for the seal that follows. Without a companion: none."""
         if self._joint is None:
             return []
-        return worked_out("sealer", data, self, self._joint_scan)[1]
+        return worked_out("sealer", data, self, self._joint_scan).companion
 
-    def _joint_scan(self, data: bytes) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], bool, bool]:
-        """The values' matches in DATA, the companion's, and whether a JSON and a percent escape that
-        matter occur there (_triggers): one scan."""
+    def _joint_scan(self, data: bytes) -> _JointScan:
+        """What one scan of DATA with the values, the companion and the escape triggers finds."""
         occurrences, hits = self._joint.find_with(data)
         base = self._companion
         if not any(index >= base for index, _, _ in hits):
-            return occurrences, hits, False, False
-        json = any(base <= index < base + self._json_markers for index, _, _ in hits)
-        percent = any(index >= base + self._json_markers for index, _, _ in hits)
-        return occurrences, [hit for hit in hits if hit[0] < base], json, percent
+            return _JointScan(occurrences, hits, False, False)
+        percent_base = base + self._json_markers
+        return _JointScan(
+            occurrences,
+            [hit for hit in hits if hit[0] < base],
+            any(base <= index < percent_base for index, _, _ in hits),
+            any(index >= percent_base for index, _, _ in hits),
+        )
 
     def find_names(self, data: bytes) -> Counter[str]:
         """Which values DATA holds, in any form, without changing it."""
@@ -808,14 +811,15 @@ def _plus_is_base64(data: bytes, run: Run) -> bool:
     if at == -1:
         return False
     chars = run.end - run.start - _count_breaks(data, run.start, run.end) + run.padding
-    into = (at - run.start - _count_breaks(data, run.start, at)) % 4
+    offset = at - run.start - _count_breaks(data, run.start, at)  # the `+`'s, in characters of the run
+    into = offset % 4
     if chars % 4:
         if run.padding or chars % 4 == 1 or not into:
             return False
         if into == 1:
             return True
         text = data[run.start : run.end].replace(b"\r", b"").replace(b"\n", b"")
-        after = text[at - run.start - _count_breaks(data, run.start, at) - into + 4 :]
+        after = text[offset - into + 4 :]  # the groups after the `+`'s
         try:
             return _ends_in_text(a2b_base64(after + b"=" * (-len(after) % 4)))
         except binascii.Error:
@@ -1049,7 +1053,7 @@ def _triggers(values: list[bytes]) -> tuple[_AnyOf, _AnyOf]:
     # backslash, or when it escapes a further escape (JSON inside a JSON string).
     patterns.append(rb"\\/")
     patterns.append(rb"\\\\" if ord("\\") in values_bytes else rb"\\\\(?:\\|/|u[0-9a-fA-F]{4})")
-    # Base64 wrapped inside a JSON string, whatever the values (_views.wrapped_in_json): in
+    # Base64 wrapped inside a JSON string, whatever the values (_views.WRAPPED_IN_JSON_PATTERNS): in
     # the same scan, which stops at the first match of either.
     patterns += WRAPPED_IN_JSON_PATTERNS
     percent_trigger = _AnyOf([("%" + _hex_alternatives("", relevant)).encode()])
@@ -1065,8 +1069,13 @@ def _u_escapes(codes: Iterable[int]) -> list[bytes]:
     ]
 
 
-#: where the sealer's joint scan result (``Sealer._joint_scan``) holds each trigger's answer
-_JSON_MARKED, _PERCENT_MARKED = 2, 3
+class _JointScan(NamedTuple):
+    """What one scan of a buffer detection reads finds (``Sealer._joint_scan``), kept in shared_scans."""
+
+    occurrences: list[tuple[int, int, int]]  # the values' (index, start, end), chosen as Matcher.find chooses
+    companion: list[tuple[int, int, int]]  # the companion's (the detector's expressions)
+    json: bool  # an escape that calls for the JSON view (_triggers)
+    percent: bool  # one that calls for the percent view
 
 _SHORT_ESCAPES = {ord('"'): b'\\"', 8: b"\\b", 12: b"\\f", 10: b"\\n", 13: b"\\r", 9: b"\\t"}
 
