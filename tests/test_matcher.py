@@ -135,16 +135,17 @@ def test_the_escape_triggers_find_what_python_re_finds(case):
     """_AnyOf scans with Hyperscan; each of its patterns, and its literals, read
     by Python's re and bytes.find, must give the same answer on every buffer."""
     from keyveil._engine import _triggers
-    from keyveil._views import wrapped_in_json
+    from keyveil._matcher import Scanner
+    from keyveil._views import WRAPPED_IN_JSON_PATTERNS
 
     values, data = case
-    # The wrapped-base64 test (_views.wrapped_in_json) was a lookbehind from the line
+    # The wrapped-base64 test (_views.WRAPPED_IN_JSON_PATTERNS) was a lookbehind from the line
     # break; Hyperscan has no lookaround, so it is the line, the break and what follows.
     line = rb"[A-Za-z0-9+/_\\-]{12}"
     lookbehind = rb"\\[nr](?<=" + line + rb"\\[nr])(?=[A-Za-z0-9+/_=-]|\\[/n])"
     plain = line + rb"\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])"
     assert (re.search(lookbehind, data) is None) == (re.search(plain, data) is None)
-    assert wrapped_in_json(data) == (re.search(plain, data) is not None)
+    assert Scanner(WRAPPED_IN_JSON_PATTERNS).any(data) == (re.search(plain, data) is not None)
     for trigger in _triggers(values):
         want = any(re.search(p, data) for p in trigger.patterns) or any(lit in data for lit in trigger.literals)
         assert trigger.search(data) == want, (trigger.patterns, data)

@@ -234,7 +234,7 @@ def _block_wrapped_in_json(data: bytes, runs) -> bool:
     `\\n` or `\\r` escape (of any depth: `\\\\n`) follows, and then a line of base64: a
     block wrapped inside a JSON string, whose lines are joined only in the JSON view. The
     runs are those the base64 views look for anyway; code and prose seldom have one there.
-    (The sealer's test, _views.wrapped_in_json, is broader: any 12 characters before the
+    (The sealer's test, _views.WRAPPED_IN_JSON_PATTERNS, is broader: any 12 characters before the
     break. It knows the values; detection reads every view it builds, so it builds fewer.)"""
     n = len(data)
     for run in runs:

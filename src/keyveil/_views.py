@@ -29,7 +29,7 @@ from json.decoder import JSONDecodeError, scanstring
 import pybase64
 
 from ._letters import reads_as_words
-from ._matcher import FirstMatch, Scanner, byte_class
+from ._matcher import FirstMatch, byte_class
 
 B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
 _STD_TO_URL = bytes.maketrans(b"+/", b"-_")
@@ -234,15 +234,6 @@ def already_worked_out(kind: str, data: bytes, key):
     """What ``worked_out`` kept for DATA (KIND, KEY) in the current block, or None."""
     entry = _shared(kind, data, key)
     return entry[1] if entry is not None else None
-
-
-def wrapped_in_json(data: bytes) -> bool:
-    """Whether DATA may hold base64 wrapped inside a JSON string, for the sealer: a
-    line of base64 (`\\/` and doubled backslashes count) as wide as the narrowest
-    wrapping, a line break escape (`\\n`, `\\r`), more base64. Its lines are joined
-    only in the JSON view. One Hyperscan scan. (A buffer detection reads is asked in the
-    scan made for detection and the sealer: ``WRAPPED_IN_JSON_PATTERNS``.)"""
-    return _WRAPPED_IN_JSON.any(data)
 
 
 def json_unescape(data: bytes) -> bytes:
@@ -682,8 +673,10 @@ MIN_WIDTH = 12  # the narrowest line width taken for wrapping (MIME 76, PEM 64, 
 
 
 def _wrapped_in_json_patterns() -> tuple[bytes, ...]:
-    """A line of base64 in a JSON string (`\\/` and doubled backslashes count), a line
-    break escape, more base64: `[A-Za-z0-9+/_\\-]{12}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])`,
+    """Where a buffer may hold base64 wrapped inside a JSON string, whose lines are joined
+    only in the JSON view (for the sealer's JSON trigger, _engine._triggers): a line of
+    base64 as wide as the narrowest wrapping (`\\/` and doubled backslashes count), a line
+    break escape (`\\n`, `\\r`), more base64: `[A-Za-z0-9+/_\\-]{12}\\[nr](?:[A-Za-z0-9+/_=-]|\\[/n])`,
     written as one expression for each escape and each sixteen bytes that may follow
     it. Hyperscan then looks for those three bytes (`\\nQ`) as literals, instead of
     confirming every `\\n` of prose against the rest: a quarter of the time on JSON
@@ -696,7 +689,6 @@ def _wrapped_in_json_patterns() -> tuple[bytes, ...]:
 
 #: ``_wrapped_in_json_patterns()``, for the sealer's JSON trigger
 WRAPPED_IN_JSON_PATTERNS = _wrapped_in_json_patterns()
-_WRAPPED_IN_JSON = Scanner(WRAPPED_IN_JSON_PATTERNS)
 
 
 @functools.cache
@@ -811,23 +803,9 @@ def _wrapped_blocks(data: bytes, start: int, end: int) -> Iterator[tuple[int, in
             and _single_break(data, lines[j][1], lines[j + 1][0])
             and (not breaks or data[lines[j][1] : lines[j + 1][0]] in breaks or not _word_like(data, *lines[j + 1]))
         )
-        # After two or more full lines the shorter line ends the block, unless
-        # it is a word that text goes on after (`…\ntoken please`); after one,
-        # too, unless it reads as a word at all (only lower-case letters, no
-        # padding after it), which base64 rarely is and text often is. Either
-        # way the other reading is looked at when this one finds nothing.
-        if tail and not (
-            (
-                _word_like(data, *lines[j + 1])
-                and (
-                    (j == i and _line_ends_an_encoding(data, *lines[j]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
-                    or (_text_after_block(data, *lines[j + 1]) and not _wrappers_last_line(data, lines[j], lines[j + 1]))
-                    or _ends_without(data, first_start, lines[j], lines[j + 1])
-                )
-            )
-            or _opens_text(data, *lines[j + 1])
-            or (j == i and _text_goes_on(data, *lines[j + 1]) and _alone_ends_better(data, lines[j], lines[j + 1]))
-        ):
+        # The shorter line ends the block, unless it stands alone (_stands_alone);
+        # either way the other reading is looked at when this one finds nothing.
+        if tail and not _stands_alone(data, first_start, lines[j], lines[j + 1], one_line=j == i):
             yield first_start, lines[j + 1][1], False
             yield first_start, lines[j][1], True
             i = j + 2
@@ -943,15 +921,30 @@ def _text_goes_on(data: bytes, start: int, end: int) -> bool:
     return _WORD.fullmatch(data, start, end) is not None and data[end : end + 1] == b" "
 
 
+def _stands_alone(data: bytes, start: int, last: tuple[int, int], line: tuple[int, int], one_line: bool) -> bool:
+    """Whether LINE, shorter than the block START..LAST (its last full line) and right
+    below it, is text rather than the block's last line. After two or more full lines
+    it is, when it is a word that text goes on after (`…\\ntoken please`); after one
+    (ONE_LINE), too, when it reads as a word at all (only lower-case letters, no padding
+    after it), which base64 rarely is and text often is, unless a common wrapper's
+    line may end with it (``_wrappers_last_line``). Either way, a word the block could
+    not end with (``_ends_without``), and a line that opens text (``_opens_text``)."""
+    if _word_like(data, *line):
+        if ((one_line and _line_ends_an_encoding(data, *last)) or _text_after_block(data, *line)) and not (
+            _wrappers_last_line(data, last, line)
+        ):
+            return True
+        if _ends_without(data, start, last, line):
+            return True
+    return _opens_text(data, *line) or (one_line and _text_goes_on(data, *line) and _alone_ends_better(data, last, line))
+
+
 def _alone_ends_better(data: bytes, line: tuple[int, int], word: tuple[int, int]) -> bool:
     """Whether LINE ends a base64 text better without the WORD on the line after it: it
     ends one part way into a group (a wrapper's full line is a multiple of four
     characters: 76, 64, 60), or it ends one on a group's end while LINE and WORD
     together could not (`…fJF6` then `ok`: no encoder ends with `k` two past a group)."""
-    chars = line[1] - line[0]
-    if not _ends_an_encoding(data, *line):
-        return False
-    return chars % 4 != 0 or not _ends_an_encoding(data, word[0], word[1], chars + word[1] - word[0])
+    return ((line[1] - line[0]) % 4 != 0 and _ends_an_encoding(data, *line)) or _ends_without(data, line[0], line, word)
 
 
 #: the line widths of the common wrappers: GitHub's contents API, PEM, MIME
