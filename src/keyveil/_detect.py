@@ -521,38 +521,40 @@ _BASE64_VALUE = re.compile(rb"[A-Za-z0-9+/_-]{%d,}={0,2}" % MIN_RUN)
 
 def _encoded_words(value) -> bool:
     """Whether VALUE, one line of base64 of MIN_RUN characters or more, decodes (from one of
-    its first four characters) to text that holds a space or a line break (`ZXhwb3J0IEdJVEhVQl9UT0tFTj1…`: "export GITHUB_TOKEN=…"):
-    words, not a secret's characters, so the value is no secret itself; a token the text
-    holds is detected where the run is decoded (the views). Remembered as a detected value,
-    such a line was sealed wherever the same words were encoded at the same place inside
-    another run, which broke that run (random-seed soak 183517992: 42 cases). Base64 of one
-    random string (a Kubernetes secret's data) holds neither and stays a detection."""
+    its first four characters) to text that holds a space or a line break
+    (`ZXhwb3J0IEdJVEhVQl9UT0tFTj1…`: "export GITHUB_TOKEN=…"): words, not a secret's
+    characters, so the value is no secret itself; a token the text holds is detected
+    where the run is decoded (the views). Remembered as a detected value, such a line was
+    sealed wherever the same words were encoded at the same place inside another run,
+    which broke that run (random-seed soak 183517992: 42 cases). Base64 of one random
+    string (a Kubernetes secret's data) holds neither and stays a detection."""
     if _BASE64_VALUE.fullmatch(value) is None:
         return False
     chars = bytes(value).rstrip(b"=")
     for skip in range(4):  # behind a glued prefix of up to three characters, as the views read runs
-        text = chars[skip:]
-        try:
-            decoded = decode_base64(text[: len(text) // 4 * 4], strict=True)
-        except ValueError:
-            continue
-        if (b" " in decoded or b"\n" in decoded) and _decodes_to_text(text):
+        decoded = _decoded_text(chars[skip:])
+        if decoded is not None and (b" " in decoded or b"\n" in decoded):
             return True
     return False
 
 
 def _decodes_to_text(chars: bytes) -> bool:
-    """Whether base64 CHARS decode to text: printable ASCII or UTF-8 (`é`, `€`, `🔑` are
-    text; a sequence cut at the end is forgiven), a byte in 20 aside."""
+    """Whether base64 CHARS decode to text (``_decoded_text``)."""
+    return _decoded_text(chars) is not None
+
+
+def _decoded_text(chars: bytes) -> bytes | None:
+    """What base64 CHARS decode to, when that is text: printable ASCII or UTF-8 (`é`, `€`,
+    `🔑` are text; a sequence cut at the end is forgiven), a byte in 20 aside. Else None."""
     try:
         decoded = decode_base64(chars[: len(chars) // 4 * 4], strict=True)
     except ValueError:
-        return False
+        return None
     bad = len(decoded.translate(None, _PRINTABLE))
     if bad > len(decoded) // 20:
         text = decoded.decode("utf-8", "replace")
         bad = sum(1 for ch in text if ch == "\ufffd" or ch in _CONTROL_CHARS) - text.endswith("\ufffd")
-    return bad <= len(decoded) // 20
+    return decoded if bad <= len(decoded) // 20 else None
 
 
 _CONTROL_CHARS = frozenset(chr(c) for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\r")

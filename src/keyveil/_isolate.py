@@ -508,13 +508,12 @@ class Sandbox:
     def start(self) -> None:
         # From here a Ctrl-C is kept for _serve: CMD starts before the event loop, and a
         # signal with no handler yet would end keyveil and leave the sandbox running.
-        for sig in _HANDLED:
-            signal.signal(sig, lambda n, _frame: self._early.append(n))
+        before = {sig: signal.signal(sig, lambda n, _frame: self._early.append(n)) for sig in _HANDLED}
         try:
             self._start()
         except BaseException:
-            for sig in _HANDLED:
-                signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+            for sig, handler in before.items():  # None: one not set from Python
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             raise
 
     def _start(self) -> None:
