@@ -332,8 +332,8 @@ def test_a_wrappers_short_last_line_of_letters_is_the_blocks_last_line(width):
     line, no longer wrapped (random seeds 31, case 841, and 1118329944, case 2962).
     Payloads are random bytes around the value; stdlib encodes, wraps and decodes.
     Prose may go on after the last line (`…\\nrwqvpvzf end of text`: the session-11
-    attack, 710 of 1,464 with longer lines of letters). A word after such a line stays text (`log`, random seed 12, case 1821; `says`, seed
-    18, case 1320)."""
+    attack, 710 of 1,464 with longer lines of letters). A word after such a line stays
+    text (`log`, random seed 12, case 1821; `says`, seed 18, case 1320)."""
     rng = random.Random(width)
     value = b"kv_" + bytes(rng.choices(b"abcdefghijkmnpqrstuvwxyzABCDEFGH23456789", k=24))
     sealer = Sealer({NAME: [value]})
