@@ -635,13 +635,14 @@ class Detector:
         # overlapping ones included; each hit is then checked where it stands.
         prefixes = sorted(literals)
         self._checks: list[tuple[_Shape, ...]] = [tuple(literals[literal]) for literal in prefixes]
-        self._lengths = [len(literal) for literal in prefixes] + [len(word) for word in sorted(keywords)]
+        heads = [_head_expression(literal, literals[literal]) for literal in prefixes]
+        self._lengths = [length for _, length in heads] + [len(word) for word in sorted(keywords)]
         self._keyword_base = len(prefixes)
         #: what one scan of a buffer looks for, as (Hyperscan expression, flags): the prefixes,
         #: the keywords, then what tells the decoded views they are needed (VIEW_TRIGGERS). The
         #: sealer compiles them with its values (`Sealer(companion=…)`): one pass for both.
         self.expressions: tuple[tuple[bytes, int], ...] = (
-            *((escaped(p), 0) for p in prefixes),
+            *((expression, 0) for expression, _ in heads),
             *((escaped(word) + _KEYWORD_TAIL, hyperscan.HS_FLAG_SOM_LEFTMOST) for word in sorted(keywords)),
             *VIEW_TRIGGERS,
         )
@@ -790,6 +791,28 @@ def _name_at(data, start: int, end: int) -> bytes:
 
 
 def _min_width(regex: re.Pattern[bytes]) -> int:
-    import re._parser as sre_parse  # the stdlib's own parser: the shortest match of a shape
+    return _widths(regex)[0]
 
-    return int(sre_parse.parse(regex.pattern.decode("ascii"), regex.flags).getwidth()[0])
+
+def _widths(regex: re.Pattern[bytes]) -> tuple[int, int]:
+    import re._parser as sre_parse  # the stdlib's own parser: the shortest and longest match of a shape
+
+    low, high = sre_parse.parse(regex.pattern.decode("ascii"), regex.flags).getwidth()
+    return int(low), int(high)
+
+
+#: A prefix this short hits often in random text (`SK`: about 260 times per MiB of base64,
+#: each a call into Python and a check that fails).
+_SHORT_PREFIX = 3
+
+
+def _head_expression(literal: bytes, shapes: list[_Shape]) -> tuple[bytes, int]:
+    """What the scan looks for to find LITERAL's shapes, and how long its match is (its end
+    less that is where the shape starts): the literal, or, for a short prefix of one shape of
+    fixed width without groups (`SK[0-9a-f]{32}`), the whole shape, which Hyperscan reads alike."""
+    if len(literal) < _SHORT_PREFIX and len(shapes) == 1:
+        pattern = shapes[0].regex.pattern
+        low, high = _widths(shapes[0].regex)
+        if low == high and pattern.startswith(literal) and b"(" not in pattern and b"\\" not in pattern:
+            return pattern, low
+    return escaped(literal), len(literal)
