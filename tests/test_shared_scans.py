@@ -223,3 +223,45 @@ def test_the_joint_scan_answers_what_each_trigger_answers_alone(seed: int) -> No
         assert shared == alone, data
         answers.add(alone)
     assert len(answers) == 4  # each trigger said yes and no, apart and together
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_joint_scan_hands_over_the_references_it_finds(seed: int) -> None:
+    """The references' markers are looked for in the scan made for values and detector, and handed
+    to ``find_references_layered``: what it finds is what its own scan finds, on references
+    written by the standard library's encoders (JSON with random characters `\\u`-escaped,
+    percent-encoding with random safe sets, one inside the other)."""
+    from urllib.parse import quote
+
+    from keyveil._detect import shipped_detector
+    from keyveil._engine import Sealer
+    from keyveil._references import _HIDDEN, find_references_layered, hidden_hits
+
+    rng = random.Random(seed)
+    joint = Sealer({"t/one": [b"a-value-of-twenty-chars"]}, companion=shipped_detector().expressions)
+
+    def written(reference: str) -> str:
+        for _ in range(rng.randint(0, 2)):
+            if rng.random() < 0.5:
+                reference = json.dumps(reference, ensure_ascii=rng.random() < 0.5)[1:-1]
+                reference = "".join("\\u%04x" % ord(c) if c.isalnum() and rng.random() < 0.2 else c for c in reference)
+            else:
+                reference = quote(reference, safe=rng.choice(["", "/", "{}:/"]))
+        return reference
+
+    def spans(found: list) -> list:  # a writer is a new function each time: compared by what it writes
+        return [(start, end, name, writer and writer(b"v/{x}")) for start, end, name, writer in found]
+
+    kinds = set()
+    for _ in range(200):
+        names = [rng.choice(["github/pat", "a/b-c", "x/y_z.1"]) for _ in range(rng.randint(0, 3))]
+        pieces = [written("{{secret:%s}}" % n) for n in names] + [rng.choice(["text", "secret", "%73", "\\u0073", ""])]
+        rng.shuffle(pieces)
+        data = " ".join(pieces).encode()
+        alone = spans(find_references_layered(data))
+        with shared_scans():
+            joint.companion_hits(data)
+            assert hidden_hits(data) == _HIDDEN.find(data), data
+            assert spans(find_references_layered(data)) == alone, data
+        kinds.add(len(alone))
+    assert {0, 1, 2} <= kinds  # buffers with none, one and several references were tried

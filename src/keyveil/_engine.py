@@ -34,7 +34,7 @@ import hyperscan
 from ._errors import KeyveilError
 from ._letters import reads_as_words
 from ._matcher import Matcher, Scanner, escaped
-from ._references import format_reference
+from ._references import HIDDEN_EXPRESSIONS, HIDDEN_LENGTHS, format_reference
 from ._views import (
     _STD_TO_URL as _TO_URL,
     _URL_TO_STD as _TO_STD,
@@ -48,6 +48,7 @@ from ._views import (
     _count_breaks,
     a2b_base64,
     already_worked_out,
+    remember,
     base64_runs,
     decode_base64,
     escape_tail,
@@ -129,12 +130,18 @@ class Sealer:
         # once for both, with the companion, and for the escapes that call for the JSON
         # and percent views (each expression reported once); the sealer's other buffers
         # (its own views, decoded runs) with the values alone, which scans them faster.
+        # The markers of references (_references.HIDDEN_EXPRESSIONS) are in that scan too:
+        # the references of a request are looked for in the same buffers.
         self._companion = len(companion)
         self._json_markers = len(self._json_trigger.expressions)
+        self._percent_base = self._companion + self._json_markers
+        self._hidden_base = self._percent_base + len(self._percent_trigger.expressions)
         markers = [
             (e, hyperscan.HS_FLAG_SINGLEMATCH) for e in (*self._json_trigger.expressions, *self._percent_trigger.expressions)
         ]
-        self._joint = Matcher(self._values, weak=weak, companion=[*companion, *markers]) if companion else None
+        self._joint = (
+            Matcher(self._values, weak=weak, companion=[*companion, *markers, *HIDDEN_EXPRESSIONS]) if companion else None
+        )
         shortest = min(map(len, self._values), default=0)
         # No encoding of SPEC §3 is shorter than what it encodes: a buffer shorter
         # than every value holds none, in any form (host names, methods, most headers).
@@ -474,17 +481,24 @@ class Sealer:
         return worked_out("sealer", data, self, self._joint_scan).companion
 
     def _joint_scan(self, data: bytes) -> _JointScan:
-        """What one scan of DATA with the values, the companion and the escape triggers finds."""
+        """What one scan of DATA with the values, the companion, the escape triggers and the
+        references' markers finds; the markers' matches are handed to ``_references.hidden_hits``."""
         occurrences, hits = self._joint.find_with(data)
         base = self._companion
         if not any(index >= base for index, _, _ in hits):
+            remember("hidden", data, None, [])
             return _JointScan(occurrences, hits, False, False)
-        percent_base = base + self._json_markers
+        percent_base, hidden_base = self._percent_base, self._hidden_base
+        remember("hidden", data, None, [
+            (index - hidden_base, end - HIDDEN_LENGTHS[index - hidden_base], end)
+            for index, _, end in hits
+            if index >= hidden_base
+        ])
         return _JointScan(
             occurrences,
             [hit for hit in hits if hit[0] < base],
             any(base <= index < percent_base for index, _, _ in hits),
-            any(index >= percent_base for index, _, _ in hits),
+            any(percent_base <= index < hidden_base for index, _, _ in hits),
         )
 
     def find_names(self, data: bytes) -> Counter[str]:

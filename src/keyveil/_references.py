@@ -12,8 +12,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from urllib.parse import unquote_to_bytes
 
-from ._matcher import Literals
-from ._views import JsonView, PercentView, json_unescape
+from ._matcher import Literals, escaped
+from ._views import JsonView, PercentView, json_unescape, worked_out
 
 NAME_MAX = 128
 
@@ -114,6 +114,17 @@ _HIDDEN = Literals(
 )
 _SECRET = 0  # the index of b"secret" in _HIDDEN
 
+#: What _HIDDEN looks for, as (Hyperscan expression, flags), for a scan made for other readers
+#: too (the sealer's, with detection: ``Sealer.companion_hits``), which hands over its matches
+#: (``hidden_hits``) as ``(index in _HIDDEN, start, end)``; a request's body is then scanned once less.
+HIDDEN_EXPRESSIONS: tuple[tuple[bytes, int], ...] = tuple((escaped(p), 0) for p in _HIDDEN.patterns)
+HIDDEN_LENGTHS: tuple[int, ...] = tuple(len(p) for p in _HIDDEN.patterns)
+
+
+def hidden_hits(data: bytes) -> list[tuple[int, int, int]]:
+    """_HIDDEN's matches in DATA: from a shared scan that looked for them already, else one of its own."""
+    return worked_out("hidden", data, None, _HIDDEN.find)
+
 
 def may_hold_reference(data: bytes, escaped: bool = False) -> bool:
     """False when DATA certainly holds no reference written plainly or percent-encoded
@@ -139,7 +150,7 @@ def find_references_layered(data: bytes, _depth: int = 0) -> list[tuple[int, int
     """
     # One scan for the markers finds the raw references too (each holds "secret")
     # and tells whether a decoded view can hold more.
-    hits = _HIDDEN.find(data)
+    hits = hidden_hits(data)
     if not hits:
         return []
     found: list[tuple[int, int, str, Writer]] = _raw_references(data, hits)

@@ -230,6 +230,12 @@ def worked_out(kind: str, data: bytes, key, compute: Callable[[bytes], object]):
     return result
 
 
+def remember(kind: str, data: bytes, key, result) -> None:
+    """Keep RESULT as what ``worked_out`` would work out for DATA (KIND, KEY), in ``shared_scans``:
+    a scan made for several readers hands each its part."""
+    _keep(kind, data, key, result)
+
+
 def already_worked_out(kind: str, data: bytes, key):
     """What ``worked_out`` kept for DATA (KIND, KEY) in the current block, or None."""
     entry = _shared(kind, data, key)
