@@ -78,6 +78,33 @@ def test_known_values_are_skipped_and_nothing_is_capped(rd):
     assert [f.value for f in found] == [t.encode() for t in tokens[1:]]
 
 
+def test_a_short_part_found_clean_is_not_looked_at_again_and_one_holding_a_token_always_is():
+    """Header fields repeat on every request: one detection found nothing in is skipped after,
+    one that held a token (known, or not) is looked at every time; the memory is bounded."""
+    from keyveil import _detected
+
+    rd = RequestDetector(shipped_detector(), KEY)
+    scanned = []
+
+    def hits(data: bytes) -> list:
+        scanned.append(data)
+        return rd.detector.hits(data)
+
+    text, value = samples("github-pat")[0]
+    clean, holding = b"application/json; charset=utf-8", f"Bearer {text}".encode()
+    for known in (frozenset(), frozenset({value.encode()}), frozenset()):
+        found = rd.find([clean, holding, bytearray(holding)], known=known, hits=hits)
+        assert [f.value for f in found] == ([] if known else [value.encode()])
+    assert scanned.count(clean) == 1 and scanned.count(holding) == 6  # the bytes part and the bytearray, 3 times
+    long_part = b"x" * (_detected._CLEAN_BYTES + 1)
+    rd.find([long_part], hits=hits)
+    rd.find([long_part], hits=hits)
+    assert scanned.count(long_part) == 2
+    for i in range(_detected._CLEAN_ENTRIES + 10):
+        rd.find([b"value %d" % i], hits=hits)
+    assert len(rd._clean) <= _detected._CLEAN_ENTRIES
+
+
 def test_views_stop_at_binary(rd):
     data = base64.b64encode(os.urandom(4096))
     assert list(views(data)) == [data]

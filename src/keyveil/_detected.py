@@ -37,6 +37,11 @@ KEY_BYTES = 32
 #: (_engine.MAX_LAYERS), for a tool result that carries an API's JSON answer, its base64
 #: inside (JSON in JSON, then base64)
 MAX_DEPTH = 3
+# The parts RequestDetector remembers as clean: this long at most, this many, this many bytes in all
+# (a client sending ever new header values empties the set now and then; nothing else changes).
+_CLEAN_BYTES = 4096
+_CLEAN_ENTRIES = 4096
+_CLEAN_HELD = 4 << 20
 _SHORT_RUN = 512  # a run up to this long is decoded from each of its four offsets (a prefix may shift it)
 
 
@@ -96,6 +101,10 @@ class RequestDetector:
     def __init__(self, detector: Detector, key: bytes) -> None:
         self.detector = detector
         self._key = key
+        #: short parts (header fields, paths) in which nothing was detected: a client sends the
+        #: same ones every time, and what the detector finds in a buffer depends on its bytes alone
+        self._clean: set[bytes] = set()
+        self._clean_held = 0
 
     def name(self, kind: str, value: bytes) -> str:
         return detected_name(kind, value, self._key)
@@ -111,15 +120,27 @@ class RequestDetector:
         (``Sealer.companion_hits``): then a buffer both read is scanned once."""
         seen: dict[bytes, Found] = {}
         hits = _once(hits or self.detector.hits)
+        clean = self._clean
         for part in parts:
-            if not part:
+            if not part or (type(part) is bytes and part in clean):
                 continue
+            found = False
             for view in views(part, detector=self.detector, hits=hits):
                 for d in self.detector.find(view, hits(view)):
+                    found = True
                     if d.value not in seen and d.value not in known:
                         around = view[max(0, d.start - margin) : d.end + margin] if margin else b""
                         seen[d.value] = Found(self.name(d.kind, d.value), d.kind, d.value, around)
+            if not found and type(part) is bytes and len(part) <= _CLEAN_BYTES:
+                self._keep_clean(part)
         return list(seen.values())
+
+    def _keep_clean(self, part: bytes) -> None:
+        if len(self._clean) >= _CLEAN_ENTRIES or self._clean_held + len(part) > _CLEAN_HELD:
+            self._clean.clear()
+            self._clean_held = 0
+        self._clean.add(part)
+        self._clean_held += len(part)
 
 
 def _once(hits: Callable[[bytes], list]) -> Callable[[bytes], list]:
