@@ -984,6 +984,39 @@ def test_wrapped_base64_after_a_word_percent_encoded_with_plus_for_space_in_a_he
     assert checked > 100
 
 
+def test_a_wrapped_block_after_a_word_glued_by_plus_keeps_its_lines():
+    """`blob <block> end` with the block wrapped at a width, percent-encoded with `+` for a space
+    and its line breaks (quote_plus, random safe sets): `blob+` glued to the first line made it
+    longer than the others, so the run read with `+` as itself ended a line early, and the pieces
+    between `+` were taken from that run only: the block's last line was left out of the
+    re-encoding, which broke its width (random-seed soak 77234259, case 2509). The pieces are
+    now read to the end of the block. Checked with the standard library: the text around it,
+    the payload, and every line but the last as wide as before."""
+    rng = random.Random(2509)
+    value = _token(rng)
+    sealer = Sealer({NAME: [value], "corpus/words": [b"two words here"]})
+    checked = 0
+    for _ in range(300):
+        payload = rng.randbytes(rng.randrange(0, 6)) + value + rng.randbytes(rng.randrange(1, 30))
+        text = base64.urlsafe_b64encode(payload).decode() if rng.random() < 0.5 else base64.b64encode(payload).decode()
+        width = rng.choice([16, 20, 24, 32])
+        lines = [text[i : i + width] for i in range(0, len(text), width)]
+        if len(lines) < 3:
+            continue
+        written = quote_plus("blob " + "\n".join(lines) + "\n end", safe=rng.choice(["", "/", "/@!'(*,=", "="]))
+        sealed = sealer.seal(written.encode()).data
+        decoded = unquote_to_bytes(sealed.replace(b"+", b" "))
+        assert decoded.startswith(b"blob ") and decoded.endswith(b"\n end"), (written, sealed)
+        block = decoded[len(b"blob ") : -len(b"\n end")].split(b"\n")
+        assert all(len(line) == width for line in block[:-1]) and len(block[-1]) <= width, (written, sealed)
+        run = b"".join(block)
+        run += b"=" * (-len(run) % 4)
+        std = run.translate(bytes.maketrans(b"-_", b"+/"))  # either alphabet (a block never mixes them)
+        assert base64.b64decode(std, validate=True) == payload.replace(value, REF), (written, sealed)
+        checked += 1
+    assert checked > 100
+
+
 @pytest.mark.parametrize("shape", ["one line", "wrapped", "plain pieces"])
 def test_base64_between_words_in_a_header_written_with_plus_for_space(shape):
     """`blob <base64> end` in a header, percent-encoded with `+` for a space (quote_plus,

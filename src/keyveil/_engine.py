@@ -341,7 +341,11 @@ class Sealer:
         header): when a piece between `+` decodes to a value from its own first
         character, the pieces are the runs, and what lies outside them keeps its bytes.
         Only a `+` written plainly one layer up separates pieces (SPACED), never a `%2B`."""
-        end = run.end + run.padding
+        # To the end of the bytes a run can be made of, not of RUN: a word glued before a
+        # block (`blob+QWds…`) made its first line longer than the others, so RUN ended a
+        # line early; read with `+` as a space, the block is whole (random-seed soak
+        # 77234259, case 2509).
+        end = _segment_end(data, run.end + run.padding)
         if spaced is None:
             pieces = base64_runs(data[run.start : end], self._min_run, plus=True)
         else:
@@ -673,6 +677,12 @@ class StreamSealer:
 
 
 _RUN_BYTES = B64_ALPHABET + b"\r\n"
+_SEGMENT_BYTES = _RUN_BYTES + b"="
+
+
+def _segment_end(data: bytes, at: int) -> int:
+    """Where the bytes from AT on stop being base64's alphabet, line breaks or padding."""
+    return len(data) - len(data[at:].lstrip(_SEGMENT_BYTES))
 
 
 class _RunTranscoder:
