@@ -1017,6 +1017,39 @@ def test_a_wrapped_block_after_a_word_glued_by_plus_keeps_its_lines():
     assert checked > 100
 
 
+def test_base64_ending_in_plus_and_a_character_from_a_writer_that_escapes_some_plusses():
+    """`blob <base64>\\n end` percent-encoded by a writer that may leave `+` but escapes some
+    characters anyway (one `+` as `%2B`, another plain), the base64 unpadded and ending in
+    `+` and one character (`…ei+t`). Read from its first character it is whole groups; the
+    pieces between plain `+` cut it part way into one, and the last bytes were lost
+    (random-seed soak 77234259, case 16076). Checked with the standard library."""
+    rng = random.Random(16076)
+    value = _token(rng)
+    sealer = Sealer({NAME: [value], "corpus/words": [b"two words here"]})
+    checked = 0
+    for _ in range(60000):
+        payload = rng.randbytes(rng.randrange(0, 4)) + value + rng.randbytes(3 * rng.randrange(1, 4))
+        payload = payload[len(payload) % 3 :]  # whole groups: no padding
+        text = base64.b64encode(payload).decode()
+        others = [i for i, c in enumerate(text[:-2]) if c == "+"]
+        if text[-2] != "+" or not others:
+            continue
+        escape_at = rng.choice(others)
+        written = "".join(
+            "%2B" if i == escape_at else (quote(c, safe="") if c != "+" and rng.random() < 0.35 else c)
+            for i, c in enumerate(text)
+        )
+        header = f"blob%20{written}%0A%20end".encode()
+        sealed = sealer.seal(header).data
+        decoded = unquote_to_bytes(sealed)
+        assert decoded.startswith(b"blob ") and decoded.endswith(b"\n end"), (header, sealed)
+        run = decoded[len(b"blob ") : -len(b"\n end")]
+        run += b"=" * (-len(run) % 4)
+        assert base64.b64decode(run, validate=True) == payload.replace(value, REF), (header, sealed)
+        checked += 1
+    assert checked > 20
+
+
 @pytest.mark.parametrize("shape", ["one line", "wrapped", "plain pieces"])
 def test_base64_between_words_in_a_header_written_with_plus_for_space(shape):
     """`blob <base64> end` in a header, percent-encoded with `+` for a space (quote_plus,

@@ -321,6 +321,14 @@ class Sealer:
                     align or b"-" in chars or b"_" in chars or (_both_plusses(spaced, run) and not run.padding)
                 ):
                     pieces = self._in_plus_pieces(data, run, depth, spaced)
+                    if pieces and not align and _chars(data, run.start, run.end) % 4 == 0 and any(
+                        _chars(data, run.start, e.end) % 4 for e in pieces
+                    ):
+                        # Read from its own first character the run is whole groups; a piece cut
+                        # it part way into one at a plain `+` of its own (`…ei+t` written by a
+                        # writer that escapes some `+` it may leave: random-seed soak 77234259,
+                        # case 16076), where a word after a space would not.
+                        pieces = []
                     if pieces:
                         # Read with `+` as a space: a `+` the new run holds is written `%2B`
                         # (by the percent view above, where there is one).
@@ -885,6 +893,11 @@ def _before_a_spaced_word(data: bytes, run: Run, plain_plus: Callable[[int], boo
     while end > run.start and data[end - 1] in b"\r\n":
         end -= 1
     return Run(run.start, end, 0, run.alternative)
+
+
+def _chars(data: bytes, start: int, end: int) -> int:
+    """How many characters DATA[START:END] holds, line breaks not counted."""
+    return end - start - _count_breaks(data, start, end)
 
 
 def _url_edit(edit: Edit) -> Edit:
