@@ -321,13 +321,7 @@ class Sealer:
                     align or b"-" in chars or b"_" in chars or (_both_plusses(spaced, run) and not run.padding)
                 ):
                     pieces = self._in_plus_pieces(data, run, depth, spaced)
-                    if pieces and not align and _chars(data, run.start, run.end) % 4 == 0 and any(
-                        _chars(data, run.start, e.end) % 4 for e in pieces
-                    ):
-                        # Read from its own first character the run is whole groups; a piece cut
-                        # it part way into one at a plain `+` of its own (`…ei+t` written by a
-                        # writer that escapes some `+` it may leave: random-seed soak 77234259,
-                        # case 16076), where a word after a space would not.
+                    if pieces and not align and _cut_into_a_group(data, run, pieces):
                         pieces = []
                     if pieces:
                         # Read with `+` as a space: a `+` the new run holds is written `%2B`
@@ -685,12 +679,13 @@ class StreamSealer:
 
 
 _RUN_BYTES = B64_ALPHABET + b"\r\n"
-_SEGMENT_BYTES = _RUN_BYTES + b"="
+_SEGMENT = re.compile(rb"[A-Za-z0-9+/_\-\r\n=]*")
 
 
 def _segment_end(data: bytes, at: int) -> int:
-    """Where the bytes from AT on stop being base64's alphabet, line breaks or padding."""
-    return len(data) - len(data[at:].lstrip(_SEGMENT_BYTES))
+    """Where the bytes from AT on stop being base64's alphabet, line breaks or padding
+    (read in place: no copy of the rest of a long body)."""
+    return _SEGMENT.match(data, at).end()
 
 
 class _RunTranscoder:
@@ -842,8 +837,8 @@ def _plus_is_base64(data: bytes, run: Run) -> bool:
     at = data.find(b"+", run.start, run.end)
     if at == -1:
         return False
-    chars = run.end - run.start - _count_breaks(data, run.start, run.end) + run.padding
-    offset = at - run.start - _count_breaks(data, run.start, at)  # the `+`'s, in characters of the run
+    chars = _chars(data, run.start, run.end) + run.padding
+    offset = _chars(data, run.start, at)  # the `+`'s, in characters of the run
     into = offset % 4
     if chars % 4:
         if run.padding or chars % 4 == 1 or not into:
@@ -893,6 +888,14 @@ def _before_a_spaced_word(data: bytes, run: Run, plain_plus: Callable[[int], boo
     while end > run.start and data[end - 1] in b"\r\n":
         end -= 1
     return Run(run.start, end, 0, run.alternative)
+
+
+def _cut_into_a_group(data: bytes, run: Run, pieces: list[Edit]) -> bool:
+    """Whether RUN, read from its own first character, is whole groups while PIECES (read
+    between its plain `+`) end part way into one: its `+` is base64's (`…ei+t` written by a
+    writer that escapes some `+` it may leave: random-seed soak 77234259, case 16076), not a
+    space before a word, which would leave the run in whole groups too."""
+    return _chars(data, run.start, run.end) % 4 == 0 and any(_chars(data, run.start, e.end) % 4 for e in pieces)
 
 
 def _chars(data: bytes, start: int, end: int) -> int:
