@@ -394,6 +394,35 @@ def test_the_text_screen_never_turns_away_a_run_the_text_test_accepts() -> None:
     assert accepted > 2000 and skipped > 20000  # both sides are exercised
 
 
+def test_the_group_screen_never_turns_away_a_run_whose_decoding_holds_a_detection_and_turns_away_identifiers() -> None:
+    # _may_hold_a_detection skips runs that cannot decode, from any offset, to the shortest
+    # detection (20 printable ASCII bytes): stdlib base64, both alphabets, padded or not, wrapped
+    # or not, of any bytes around 20..40 printable ASCII ones at any offset, with 0-3 characters
+    # glued before, must always pass. Not generated: runs of more than _SHORT_RUN characters
+    # (never screened).
+    from keyveil._detected import _SHORT_RUN, _may_hold_a_detection
+    from keyveil._views import Run
+
+    rng = random.Random(2)
+    printable = bytes(range(0x20, 0x7F))
+    for _ in range(5000):
+        text = bytes(rng.choice(printable) for _ in range(rng.randint(20, 40)))
+        before, after = rng.randbytes(rng.randint(0, 60)), rng.randbytes(rng.randint(0, 60))
+        encode = base64.b64encode if rng.random() < 0.5 else base64.urlsafe_b64encode
+        chars = encode(before + text + after)
+        if rng.random() < 0.5:
+            chars = chars.rstrip(b"=")
+        chars = bytes(rng.choice(b"ABCab+/") for _ in range(rng.randint(0, 3))) + chars.rstrip(b"=")
+        if rng.random() < 0.3:
+            width = rng.choice([60, 64, 76])
+            chars = b"\n".join(chars[i : i + width] for i in range(0, len(chars), width))
+        assert len(chars) <= _SHORT_RUN
+        assert _may_hold_a_detection(chars, Run(0, len(chars), 0))
+    # What it is for: identifiers and paths of source code, which a text test would decode four times.
+    names = [b"SemanticAnalyzerPluginInterface", b"test_a_short_prefix_is_scanned_for", b"/usr/lib/python3/site-packages/x"]
+    assert not any(_may_hold_a_detection(n, Run(0, len(n), 0)) for n in names)
+
+
 def test_a_scheme_before_a_plus_for_a_space_is_no_part_of_the_assigned_value(rd):
     # A query writes `token=Basic <base64>` as `token=Basic+<base64>` (a random-seed soak,
     # 161696831 cases 3020 and 11609: base64 of text wrapped at 76, percent-encoded). In the

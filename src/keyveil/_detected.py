@@ -194,7 +194,12 @@ def views(
             yield from views(pieces, depth + 1, detector, hits)
     if runs:
         for run in runs:
-            offsets = (0, 1, 2, 3) if run.end - run.start <= _SHORT_RUN else (0,)
+            if run.end - run.start <= _SHORT_RUN:
+                if not _may_hold_a_detection(data, run):
+                    continue
+                offsets = (0, 1, 2, 3)
+            else:
+                offsets = (0,)
             chars = _head_chars(data, run)
             for align in offsets:
                 if not _may_read_as_text(chars, align) or not _textual(_head(chars, align)):
@@ -326,6 +331,19 @@ def _head_chars(data: bytes, run) -> bytes:
     return chars
 
 
+def _may_hold_a_detection(data: bytes, run) -> bool:
+    """False when RUN, decoded from any offset, cannot hold a detection: the shortest is MIN_RUN's
+    20 printable ASCII characters, so its base64 holds six whole groups of three ASCII bytes in a
+    row, which `_TEXT_GROUPS` looks for at every offset (A necessary condition, told without
+    decoding: an identifier, a path or a constant in source code seldom has one.)"""
+    chars = data[run.start : run.end]
+    if b"\n" in chars or b"\r" in chars:
+        chars = chars.replace(b"\n", b"").replace(b"\r", b"")
+    if b"-" in chars or b"_" in chars:
+        chars = to_standard_alphabet(chars)
+    return _TEXT_GROUPS.search(chars) is not None
+
+
 def _head(chars: bytes, align: int) -> bytes:
     """The first bytes a run decodes to from ALIGN: enough to tell text from binary."""
     chars = chars[align : align + 88]
@@ -346,6 +364,14 @@ _STANDARD = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _FIRST_OK = _STANDARD[:32]
 _SECOND_OK = bytes(c for v, c in enumerate(_STANDARD) if v & 15 not in (1, 8, 9, 10, 11, 12, 13, 14, 15))
 _THIRD_OK = bytes(c for v, c in enumerate(_STANDARD) if not v & 2)
+
+
+#: the fewest whole groups of three bytes a detection's base64 holds (its first and last bytes
+#: may share a group with others): (20 - 2) // 3
+_DETECTION_GROUPS = (MIN_RUN * 3 // 4 - 2) // 3
+#: a group of four characters that decodes to three ASCII bytes (none a control byte from 0x10),
+#: as many in a row as a detection's base64 holds
+_TEXT_GROUPS = re.compile(rb"(?:[%s][%s][%s][A-Za-z0-9+/]){%d}" % (_FIRST_OK, _SECOND_OK, _THIRD_OK, _DETECTION_GROUPS))
 
 
 def _may_read_as_text(chars: bytes, align: int) -> bool:
