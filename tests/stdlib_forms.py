@@ -186,6 +186,8 @@ class Layer:
     lines: int = 1  # how many lines the output had (to judge a re-wrapped run)
     marked: bool = True  # the output shows its alphabet (holds one of '+/' or '-_')
     pad_shown: bool = True  # the output shows whether it is padded ('=' at the end, or a length not a multiple of 4)
+    # pct
+    escaped: bool = True  # the output differs from its input (an escape, or '+' for a space): the layer shows
     #: the random choices, for messages and reports (never a value byte)
     notes: tuple[str, ...] = ()
 
@@ -468,7 +470,7 @@ def make_form(
             else:
                 slot = rng.choice(tuple(PCT_SLOTS))
             enc, safe, notes = percent_encode(payload, rng, slot)
-            layer = Layer("pct", pre, post, slot=slot, safe=safe, notes=notes)
+            layer = Layer("pct", pre, post, slot=slot, safe=safe, notes=notes, escaped=enc.encode("ascii") != payload)
             inner = enc.encode("ascii")
         elif kind == "b64":
             style = dict(b64_style or {}) if outermost else {}

@@ -251,6 +251,33 @@ def test_the_checker_accepts_a_correct_seal_and_refuses_the_unsealed_form(data):
     assert Oracle({"github/pat": [value]}).find(form.carrier[0] + sealed + form.carrier[1]) == []
 
 
+def test_a_percent_layer_that_escaped_nothing_may_be_read_as_absent_and_nothing_else_is_let_through():
+    # pct(b64) in a form slot: the base64 held no '+', '/' or '=' to escape, so the percent
+    # layer left no trace (the soak's 32:1655). A seal that writes the reference's base64 as
+    # plain base64 ('+' and '/' raw) is a round trip of the layer below; one that is neither
+    # the layer's nor plain base64 is refused, and so is the same output under a layer that showed.
+    import base64
+
+    from tests.stdlib_forms import Form, Layer
+
+    reference = ref("github/pat")
+    value, pre, post = b"Zz9" + b"x" * 29, b"user:", b">!"
+    inner = base64.b64encode(pre + value + post)
+    assert not set(inner) & set(b"+/=")  # nothing for the percent layer to escape
+    sealed_plain = base64.b64encode(pre + reference + post)
+    assert b"+" in sealed_plain  # a space, read through the form layer
+    b64 = Layer("b64", pre, post, padded=True, marked=False, pad_shown=False)
+
+    def form(escaped: bool) -> Form:
+        pct = Layer("pct", b"", b"", slot="form", safe="", escaped=escaped)
+        return Form(value, (b64, pct), inner, (b"", b""), "github/pat")
+
+    assert check_round_trip(form(False), sealed_plain, reference) == []
+    assert check_round_trip(form(True), sealed_plain, reference) != []
+    assert check_round_trip(form(True), sealed_plain.replace(b"+", b"%2B"), reference) == []
+    assert check_round_trip(form(False), sealed_plain[:10] + b"!" + sealed_plain[11:], reference) != []
+
+
 # --- every chain, by name (a table of what holds, for whoever works on the engine) -------------
 
 
