@@ -490,6 +490,30 @@ def test_one_line_of_base64_of_words_is_not_an_assigned_value(rd):
     assert [(f.kind, f.value) for f in rd.find([f"TOKEN={blob}\n".encode()])] == [("assignment", blob.encode())]
 
 
+@pytest.mark.parametrize("width", [16, 18, 20, 24, 26])
+def test_a_narrow_block_behind_a_glued_group_whose_third_line_an_escape_cuts_is_not_an_assigned_value(rd, width):
+    """`TOKEN=` and base64 of 1-3 random bytes and `export GITHUB_TOKEN=…` (the prefix's
+    characters glued to the block's first line), wrapped narrower than MIN_RUN with `\\r\\n`
+    or `\\n` escapes, the third line's characters `\\u`-escaped in part: only the first two
+    lines are read before the escape, and the prefix's bytes made them look binary, so the
+    first line was an assigned value (random-seed soak 2805018454, case 1246). Built with
+    the standard library; left out: standard blocks of MIN_RUN columns or more (the test above
+    and the sealer's views read those)."""
+    rng = random.Random(width)
+    for _ in range(40):
+        text, value = samples("github-pat")[rng.randrange(len(samples("github-pat")))]
+        payload = rng.randbytes(rng.randint(1, 3)) + f"export GITHUB_TOKEN={text}\n".encode()
+        b64 = base64.b64encode(payload).decode()
+        lines = [b64[i : i + width] for i in range(0, len(b64), width)]
+        lines[2] = lines[2][:2] + "".join("\\u%04x" % ord(c) if rng.random() < 0.4 else c for c in lines[2][2:])
+        eol = rng.choice(["\\r\\n", "\\n"])
+        carrier = ('{"file": "env here\\nTOKEN=' + eol.join(lines) + '\\nplease"}').encode()
+        assert json.loads(carrier)["file"].split("\n")[1].replace("\r", "")[len("TOKEN=") :].startswith(lines[0])
+        found = [(f.kind, f.value) for f in rd.find([carrier])]
+        assert ("assignment", lines[0].encode()) not in found, carrier
+        assert ("github-pat", value.encode()) in found, carrier
+
+
 def test_a_narrow_block_in_json_whose_next_line_an_escape_cuts_is_not_an_assigned_value(rd):
     """A 17-column block of base64 of text inside a JSON string, its breaks `\\r\\n`
     escapes and some of its characters `\\u`-escaped: the first line's next line goes on
