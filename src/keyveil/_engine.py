@@ -293,10 +293,19 @@ class Sealer:
                     # Another reading of these bytes found a value: it stands, unless
                     # this is a form's run read with `+` as base64 and the other one
                     # was decoded after a prefix (`+Gh0…`: a base64 `+` left
-                    # unescaped) or cut short of this run's padding (`…Ucyt+Cc=`).
-                    if escape_plus or not plus:
+                    # unescaped) or cut short of this run's padding (`…Ucyt+Cc=`). Outside a
+                    # query or form, the reading with `+` as a space is a guess that gives way
+                    # to these lines read with `+` as base64's, when that is whole groups and
+                    # `+` stands part way into one (_plus_is_base64: `6ABda+Ble…` and a last
+                    # line `egri` that ends the value: random-seed soak 325343615, case 10805).
+                    guess_gives_way = (
+                        not plus and spaced_view and all(e.guessed for e in overlap) and _plus_is_base64(data, run)
+                    )
+                    if not guess_gives_way and (escape_plus or not plus):
                         continue
-                    if not (own_plus or all(e.glued for e in overlap) or (run.padding and all(e.end < run.end for e in overlap))):
+                    if not guess_gives_way and not (
+                        own_plus or all(e.glued for e in overlap) or (run.padding and all(e.end < run.end for e in overlap))
+                    ):
                         continue
                 run_edits, align = self._run_edits(data, run, depth, plain_plus)
                 if align == _after_escape(data, run):
